@@ -1,0 +1,1 @@
+"""The only package that imports vLLM internals: backend classes, metadata builder, impl."""

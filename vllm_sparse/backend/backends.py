@@ -1,0 +1,120 @@
+"""Backend classes: one per method, capabilities declared as class methods (vLLM v1 style).
+
+``get_name()`` must return the registered enum name (``SPARSE_QUOKA``...): vLLM's ``Attention``
+layer looks itself up with it. Methods not implemented yet still register, so that selecting
+them fails at engine start with a clear reason instead of running dense silently.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.platforms import current_platform
+from vllm.v1.attention.backend import AttentionBackend, MultipleOf
+from vllm.v1.kv_cache_interface import KVCacheLayout
+
+from vllm_sparse.backend.impl import (
+    SparseAttentionImpl,
+    SparseCompactImpl,
+    SparseKascadeImpl,
+    SparseQuestImpl,
+    SparseQuokaImpl,
+    SparseTwilightImpl,
+)
+from vllm_sparse.backend.metadata import SparseMetadataBuilder
+from vllm_sparse.backend.startup import sparse_config_reasons
+
+
+class SparseBackend(AttentionBackend):
+    method: ClassVar[str]
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(16)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [] if current_platform.is_cpu() else [64, 128, 256]
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBHNC,)  # head-major: one (block, KV head) is one contiguous page
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return capability is None or capability.major >= 8
+
+    @classmethod
+    def validate_configuration(cls, *args, **kwargs) -> list[str]:
+        """vLLM's checks plus ours (method implemented, selector config valid for the model)."""
+        reasons = super().validate_configuration(*args, **kwargs)
+        return reasons + sparse_config_reasons(cls.method, get_current_vllm_config())
+
+    @staticmethod
+    def get_builder_cls() -> type[SparseMetadataBuilder]:
+        return SparseMetadataBuilder
+
+
+class SparseQuokaBackend(SparseBackend):
+    method = "quoka"
+
+    @staticmethod
+    def get_name() -> str:
+        return "SPARSE_QUOKA"
+
+    @staticmethod
+    def get_impl_cls() -> type[SparseAttentionImpl]:
+        return SparseQuokaImpl
+
+
+class SparseQuestBackend(SparseBackend):
+    method = "quest"
+
+    @staticmethod
+    def get_name() -> str:
+        return "SPARSE_QUEST"
+
+    @staticmethod
+    def get_impl_cls() -> type[SparseAttentionImpl]:
+        return SparseQuestImpl
+
+
+class SparseTwilightBackend(SparseBackend):
+    method = "twilight"
+
+    @staticmethod
+    def get_name() -> str:
+        return "SPARSE_TWILIGHT"
+
+    @staticmethod
+    def get_impl_cls() -> type[SparseAttentionImpl]:
+        return SparseTwilightImpl
+
+
+class SparseKascadeBackend(SparseBackend):
+    method = "kascade"
+
+    @staticmethod
+    def get_name() -> str:
+        return "SPARSE_KASCADE"
+
+    @staticmethod
+    def get_impl_cls() -> type[SparseAttentionImpl]:
+        return SparseKascadeImpl
+
+
+class SparseCompactBackend(SparseBackend):
+    method = "compact"
+
+    @staticmethod
+    def get_name() -> str:
+        return "SPARSE_COMPACT"
+
+    @staticmethod
+    def get_impl_cls() -> type[SparseAttentionImpl]:
+        return SparseCompactImpl

@@ -1,0 +1,135 @@
+"""The attention impl: the four pipeline stages of DESIGN.md section 2, for one layer."""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
+from vllm.v1.attention.backend import AttentionImpl, AttentionType
+
+from vllm_sparse import stats
+from vllm_sparse.backend.metadata import SparseAttentionMetadata
+from vllm_sparse.backend.startup import load_config
+from vllm_sparse.executors import reference_executor
+from vllm_sparse.layout import PageLayout
+from vllm_sparse.metadata import write_kv_reference
+from vllm_sparse.selectors import make_selector
+from vllm_sparse.selectors.base import empty_selection
+from vllm_sparse.tables import build_page_tables
+
+
+class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
+    method: str
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        **extra_impl_args,
+    ) -> None:
+        unsupported = [
+            name
+            for name, present in (
+                ("ALiBi", alibi_slopes is not None),
+                ("sliding window", sliding_window is not None),
+                ("logits soft cap", bool(logits_soft_cap)),
+                ("attention sinks", extra_impl_args.get("sinks") is not None),
+                (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
+            )
+            if present
+        ]
+        if unsupported:
+            raise NotImplementedError(f"sparse_{self.method} does not support: {', '.join(unsupported)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        vllm_config = get_current_vllm_config()
+        self.config = load_config(self.method, vllm_config).config
+        self.selector = make_selector(self.config)
+        self.kv_order = "planes" if current_platform.is_cpu() else "interleaved"
+        mc = vllm_config.model_config
+        self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
+        self.layer_idx: int | None = None
+
+    def _layout(self, kv_cache: torch.Tensor) -> PageLayout:
+        return PageLayout.of(kv_cache, self.num_kv_heads, self.kv_order)
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        """Stage 0: write this step's K/V (``[T, Hkv, D]``) into ``kv_cache`` at ``slot_mapping``."""
+        if self.kv_sharing_target_layer_name is not None:
+            return
+        write_kv_reference(self._layout(kv_cache), kv_cache, key, value, slot_mapping)
+
+    def forward(
+        self,
+        layer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: SparseAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """query ``[T, Hq, D]``, kv_cache ``[num_blocks, head_slots, N, 2D]``, output ``[T, Hq, D]``."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by vllm-sparse")
+        if attn_metadata is None:  # profiling and dummy runs
+            return output
+        if self.layer_idx is None:
+            self.layer_idx = extract_layer_index(layer.layer_name)
+        n = attn_metadata.num_actual_tokens
+        query, out = query[:n], output[:n]
+        layout = self._layout(kv_cache)
+        page_keys, page_values = layout.page_keys(kv_cache), layout.page_values(kv_cache)
+
+        plan = attn_metadata.plan_for(self.config.for_layer(self.layer_idx))  # 1 policy
+        if plan.any_sparse:  # 2 select
+            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan)
+        else:
+            selection = empty_selection(plan, layout.num_kv_heads, query.device)
+        tables = build_page_tables(plan, selection, attn_metadata.block_table, layout)  # 3 tables
+        reference_executor(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
+
+        hkv = layout.num_kv_heads
+        stats.record(
+            sparse_rows=hkv * sum(r.sparse for r in plan.requests),
+            attended_pages=tables.attended_pages,
+            dense_pages=hkv * sum(r.total_pages for r in plan.requests),
+        )
+        if self.layer_idx == self.last_layer:
+            stats.flush()
+        return output
+
+
+class SparseQuokaImpl(SparseAttentionImpl):
+    method = "quoka"
+
+
+class SparseQuestImpl(SparseAttentionImpl):
+    method = "quest"
+
+
+class SparseTwilightImpl(SparseAttentionImpl):
+    method = "twilight"
+
+
+class SparseKascadeImpl(SparseAttentionImpl):
+    method = "kascade"
+
+
+class SparseCompactImpl(SparseAttentionImpl):
+    method = "compact"

@@ -1,0 +1,114 @@
+"""Stage 1, policy: per request, dense or sparse, how many pages to select, which pages are forced.
+
+Everything here is computed on the host from lengths the scheduler already knows, once per
+(step, layer policy), so that page counts are known before any kernel runs.
+
+Logical pages of a request are numbered from its first token: page ``p`` holds positions
+``[p * N, (p + 1) * N)``. With ``ctx`` tokens before the current chunk (or decode token) and
+``seq = ctx + query_len``:
+
+* *past pages* are the complete pages before the chunk: ``[0, ctx // N)``;
+* *chunk pages* hold the chunk's tokens: ``[ctx // N, ceil(seq / N))``; the first may also hold
+  past tokens when the chunk starts inside a page, the last may be partial;
+* *forced pages* are sink pages, local-window pages and chunk pages; the selector picks among
+  the other past pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_sparse.config import LayerPolicy
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    query_start: int
+    query_len: int
+    context_len: int
+    seq_len: int
+    sparse: bool
+    num_select: int  # pages the selector picks per KV head (0 for dense requests)
+    num_past_pages: int  # complete pages before the chunk: the selector's candidates
+    forced: torch.Tensor  # int64 [F]: ascending logical pages always attended (all pages if dense)
+
+    @property
+    def num_pages(self) -> int:
+        """Pages attended per KV head."""
+        return self.forced.numel() + self.num_select
+
+    @property
+    def total_pages(self) -> int:
+        """Pages a dense backend would attend per KV head."""
+        return -(-self.seq_len // self.page_size)
+
+    page_size: int = 16
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The plan of one layer policy for one scheduler step: one entry per request, in batch order."""
+
+    page_size: int
+    requests: tuple[RequestPlan, ...]
+
+    @property
+    def max_select(self) -> int:
+        return max((r.num_select for r in self.requests), default=0)
+
+    @property
+    def any_sparse(self) -> bool:
+        return any(r.sparse for r in self.requests)
+
+
+def plan_request(
+    policy: LayerPolicy, page_size: int, query_start: int, query_len: int, seq_len: int
+) -> RequestPlan:
+    n = page_size
+    ctx = seq_len - query_len
+    total_pages = cdiv(seq_len, n)
+    num_past = ctx // n
+    budget_tokens = policy.budget.tokens(ctx)
+
+    sink = set(range(min(cdiv(policy.sink_tokens, n), num_past)))
+    local = set(range(max(0, (ctx - policy.local_tokens) // n), num_past)) if policy.local_tokens else set()
+    forced_past = sink | local
+    selectable = num_past - len(forced_past)
+    budget_pages = cdiv(budget_tokens, n)
+    num_select = min(selectable, max(0, budget_pages - len(forced_past)))
+
+    dense = (
+        policy.dense
+        or ctx == 0
+        or ctx < policy.dense_below_tokens
+        or budget_tokens >= ctx
+        or num_select >= selectable
+    )
+    if dense:
+        forced = torch.arange(total_pages, dtype=torch.int64)
+        return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, forced, n)
+    pages = sorted(forced_past | set(range(num_past, total_pages)))
+    forced = torch.tensor(pages, dtype=torch.int64)
+    return RequestPlan(query_start, query_len, ctx, seq_len, True, num_select, num_past, forced, n)
+
+
+def plan_step(
+    policy: LayerPolicy, page_size: int, query_start_loc: list[int], seq_lens: list[int]
+) -> StepPlan:
+    """Plan every request of a step.
+
+    Args:
+        query_start_loc: ``[B + 1]`` token offsets of each request's queries (host).
+        seq_lens: ``[B]`` context + query tokens of each request (host).
+    """
+    reqs = tuple(
+        plan_request(policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s)
+        for i, s in enumerate(seq_lens)
+    )
+    return StepPlan(page_size, reqs)

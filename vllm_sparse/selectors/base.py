@@ -1,0 +1,61 @@
+"""Stage 2, select: the contract every selector returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from vllm_sparse.layout import PageLayout
+from vllm_sparse.policy import StepPlan
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Pages picked per (request, KV head) row, rows request-major: ``row = request * Hkv + head``.
+
+    Attributes:
+        indices: ``int64 [rows, max_select]`` logical page numbers within the request; entries at
+            or past ``counts[row]`` are padding and must be ignored.
+        counts: ``int32 [rows]`` valid entries per row (0 for dense requests).
+    """
+
+    indices: torch.Tensor
+    counts: torch.Tensor
+
+
+class Selector(Protocol):
+    def __call__(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        block_table: torch.Tensor,
+        layout: PageLayout,
+        plan: StepPlan,
+    ) -> Selection:
+        """Score the past pages of every sparse request and keep ``plan`` 's number of them.
+
+        Args:
+            query: ``[T, Hq, D]`` this step's queries (post-RoPE).
+            page_keys: ``[num_pages, N, D]`` keys by physical page id (``PageLayout.page_keys``).
+            block_table: ``int [B, max_blocks]`` physical block of each logical page.
+            layout: the cache's page layout.
+            plan: the step plan of this layer (which requests are sparse, how many pages).
+        """
+        ...
+
+
+def empty_selection(plan: StepPlan, num_kv_heads: int, device: torch.device) -> Selection:
+    rows = len(plan.requests) * num_kv_heads
+    return Selection(
+        torch.zeros(rows, plan.max_select, dtype=torch.int64, device=device),
+        torch.zeros(rows, dtype=torch.int32, device=device),
+    )
+
+
+def past_page_ids(block_table: torch.Tensor, request: int, num_past: int, layout: PageLayout) -> torch.Tensor:
+    """Physical ids of one request's past pages, ``int64 [Hkv, num_past]``."""
+    blocks = block_table[request, :num_past].long()
+    heads = torch.arange(layout.num_kv_heads, device=blocks.device)
+    return layout.page_ids(blocks[None, :], heads[:, None])

@@ -1,0 +1,85 @@
+"""QuoKA: query-oriented KV selection (the chunk's most mean-dissimilar queries vote by cosine).
+
+Per sparse request and KV head, for a chunk of C queries (a decode step is a chunk of one):
+
+1. keep the ``num_queries`` queries of each query head least cosine-similar to that head's mean
+   query over the chunk (all of them when C <= num_queries);
+2. unit-normalise them and average over the G query heads of the group, pairing queries by
+   rank (QuoKA's pre-aggregation: mean over heads of cosines == dot with the mean unit query);
+3. cosine-score every past key, take the max over the kept queries;
+4. a page scores the max of its tokens; the top ``plan.num_select`` pages that are not forced
+   (sink, local window) are selected.
+
+Differences from the paper: selection is per page (vLLM block) instead of per token, and the
+sink and local window are forced on top; see docs in README.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_sparse.layout import PageLayout
+from vllm_sparse.policy import StepPlan
+from vllm_sparse.selectors.base import Selection, empty_selection, past_page_ids
+
+
+def subselect_queries(q: torch.Tensor, num_queries: int) -> torch.Tensor:
+    """The ``num_queries`` queries per head least similar to the head's mean query.
+
+    Args:
+        q: ``[C, Hq, D]`` float32.
+    Returns:
+        ``[min(C, num_queries), Hq, D]``, ordered by rank (most dissimilar first) when subselected.
+    """
+    if q.shape[0] <= num_queries:
+        return q
+    mean = q.mean(dim=0, keepdim=True)  # [1, Hq, D]
+    sim = torch.nn.functional.cosine_similarity(q, mean, dim=-1)  # [C, Hq]
+    idx = torch.topk(-sim, num_queries, dim=0).indices  # [NQ, Hq]
+    return torch.gather(q, 0, idx[:, :, None].expand(-1, -1, q.shape[-1]))
+
+
+def group_query(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Unit-normalise ``[n, Hq, D]`` queries and average over each GQA group -> ``[Hkv, n, D]``."""
+    n, hq, d = q.shape
+    unit = torch.nn.functional.normalize(q, dim=-1)
+    return unit.view(n, num_kv_heads, hq // num_kv_heads, d).mean(dim=2).transpose(0, 1)
+
+
+def score_pages(qbar: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Page scores ``[Hkv, P]`` from grouped queries ``[Hkv, n, D]`` and keys ``[Hkv, P, N, D]``."""
+    h, p, n, d = keys.shape
+    unit_k = torch.nn.functional.normalize(keys.float(), dim=-1).view(h, p * n, d)
+    cos = torch.bmm(qbar, unit_k.transpose(1, 2))  # [Hkv, nq, P*N]
+    return cos.amax(dim=1).view(h, p, n).amax(dim=2)
+
+
+class QuokaSelector:
+    def __init__(self, num_queries: int = 64):
+        self.num_queries = num_queries
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        block_table: torch.Tensor,
+        layout: PageLayout,
+        plan: StepPlan,
+    ) -> Selection:
+        """See ``selectors.base.Selector``; query ``[T, Hq, D]``, returns rows ``B * Hkv``."""
+        hkv = layout.num_kv_heads
+        sel = empty_selection(plan, hkv, query.device)
+        for r, req in enumerate(plan.requests):
+            if not req.sparse or req.num_select == 0:
+                continue
+            q = query[req.query_start : req.query_start + req.query_len].float()
+            qbar = group_query(subselect_queries(q, self.num_queries), hkv)
+            ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
+            scores = score_pages(qbar, page_keys[ids])  # [Hkv, P]
+            forced = req.forced[req.forced < req.num_past_pages].to(scores.device)
+            scores[:, forced] = float("-inf")
+            top = torch.topk(scores, req.num_select, dim=1).indices
+            rows = slice(r * hkv, (r + 1) * hkv)
+            sel.indices[rows, : req.num_select] = top
+            sel.counts[rows] = req.num_select
+        return sel
