@@ -11,14 +11,13 @@ The method itself comes from the backend name (``sparse_quoka`` -> ``quoka``).
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 METHODS = ("quoka", "quest", "twilight", "kascade", "compact")
 Method = Literal["quoka", "quest", "twilight", "kascade", "compact"]
@@ -82,19 +81,24 @@ class CompactOptions(_Strict):
     block_threshold: float = Field(0.06, gt=0.0, le=1.0)
 
 
+class BudgetOverride(_Strict):
+    """A partial budget: only the fields given replace the top-level budget's."""
+
+    fraction: float | None = Field(None, gt=0.0, le=1.0)
+    min_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)  # an explicit null means "no maximum"
+
+    def apply(self, base: Budget) -> Budget:
+        return Budget(**{**base.model_dump(), **self.model_dump(exclude_unset=True)})
+
+
 class LayerOverride(_Strict):
     """Per-layer overrides; unset fields inherit the top-level value."""
 
-    budget: dict[str, Any] | None = None
+    budget: BudgetOverride | None = None
     sink_tokens: int | None = Field(None, ge=0)
     local_tokens: int | None = Field(None, ge=0)
     dense: bool | None = None
-
-    @model_validator(mode="after")
-    def _budget_fields_valid(self) -> LayerOverride:
-        if self.budget is not None:
-            Budget(**self.budget)  # raises with the field name when invalid
-        return self
 
 
 class SparseConfig(_Strict):
@@ -110,6 +114,7 @@ class SparseConfig(_Strict):
     kascade: KascadeOptions = KascadeOptions()
     compact: CompactOptions = CompactOptions()
     layers: dict[int, LayerOverride] = Field(default_factory=dict)
+    _policies: dict[int, LayerPolicy] = PrivateAttr(default_factory=dict)
 
     def model_reasons(self, num_layers: int) -> list[str]:
         """Reasons this config does not fit a model with ``num_layers`` attention layers."""
@@ -122,11 +127,16 @@ class SparseConfig(_Strict):
                 reasons.append(f"layers: key {idx} is not a layer of this model (0..{num_layers - 1})")
         return reasons
 
-    @functools.cache
     def for_layer(self, layer_idx: int) -> LayerPolicy:
-        """The policy of one layer, with its overrides applied."""
+        """The policy of one layer, with its overrides applied (computed once per layer)."""
+        policy = self._policies.get(layer_idx)
+        if policy is None:
+            policy = self._policies[layer_idx] = self._make_policy(layer_idx)
+        return policy
+
+    def _make_policy(self, layer_idx: int) -> LayerPolicy:
         o = self.layers.get(layer_idx, LayerOverride())
-        budget = self.budget if o.budget is None else Budget(**{**self.budget.model_dump(), **o.budget})
+        budget = self.budget if o.budget is None else o.budget.apply(self.budget)
         dense = layer_idx in self.dense_layers if o.dense is None else o.dense
         return LayerPolicy(
             dense=dense,
@@ -135,9 +145,6 @@ class SparseConfig(_Strict):
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
         )
-
-    def __hash__(self) -> int:  # frozen model: hash by value for the cache above
-        return hash(self.model_dump_json())
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,8 @@ def _load_yaml(path: str | Path, source: str) -> dict[str, Any]:
 def _format_errors(err: ValidationError, data: dict[str, Any]) -> list[str]:
     reasons = []
     for e in err.errors():
+        if "must not exceed" in e["msg"]:
+            continue  # reported by _budget_order_reasons
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         value = e.get("input")
         if e["type"] == "extra_forbidden":
@@ -192,10 +201,31 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def _budget_order_reasons(data: dict[str, Any]) -> list[str]:
+    """min_tokens <= max_tokens for the top-level budget and every layer's merged budget.
+
+    Checked on the raw mapping so that it is reported beside other errors (pydantic skips a
+    model's cross-field check once one of its fields failed).
+    """
+    defaults = Budget().model_dump()
+    top = data.get("budget") if isinstance(data.get("budget"), dict) else {}
+    scopes = [("budget", {**defaults, **top})]
+    layers = data.get("layers") if isinstance(data.get("layers"), dict) else {}
+    for key, layer in layers.items():
+        if isinstance(layer, dict) and isinstance(layer.get("budget"), dict):
+            scopes.append((f"layers.{key}.budget", {**defaults, **top, **layer["budget"]}))
+    reasons = []
+    for loc, b in scopes:
+        lo, hi = b.get("min_tokens"), b.get("max_tokens")
+        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+            reasons.append(f"{loc}: min_tokens ({lo}) must not exceed max_tokens ({hi})")
+    return reasons
+
+
 def parse_config(data: dict[str, Any], method: str, source: str) -> SparseConfig:
     """Validate a raw mapping for ``method``; every invalid field is reported at once."""
     data = dict(data)
-    reasons = []
+    reasons = _budget_order_reasons(data)
     if "method" in data and data["method"] != method:
         reasons.append(
             f"method = {data['method']!r}: does not match the backend sparse_{method} "

