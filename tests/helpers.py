@@ -42,35 +42,32 @@ def randn(*shape: int, g: torch.Generator, dtype: torch.dtype = torch.float32) -
 # --------------------------------------------------------------------------------------------
 
 
-def raw_kv_index(order: str, page_size: int, head_size: int, offset: int) -> tuple[tuple, tuple]:
-    """Index of K and V of in-page ``offset`` into ``slot.reshape(-1)`` where ``slot`` is one
-    (block, head slot) region of ``page_size * 2 * head_size`` elements."""
+def raw_kv_index(order: str, page_size: int, head_size: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of K and V (``[head_size]`` each) of in-page ``offset`` into ``slot.reshape(-1)``,
+    where ``slot`` is one (block, head slot) region of ``page_size * 2 * head_size`` elements."""
     n, d = page_size, head_size
-    if order == "planes":  # slot = [2N, D]: K rows 0..N-1, then V rows N..2N-1
-        k0 = offset * d
-        v0 = (n + offset) * d
-    elif order == "interleaved":  # slot = [N, 2D]: row = [K | V]
-        k0 = offset * 2 * d
-        v0 = offset * 2 * d + d
-    else:
-        raise ValueError(order)
-    return (k0, k0 + d), (v0, v0 + d)
+    ch = torch.arange(d)
+    if order == "planes":  # slot = K plane [D, N] (channel-major), then V plane [N, D]
+        return ch * n + offset, n * d + offset * d + ch
+    if order == "interleaved":  # slot = [N, 2D]: row = [K | V]
+        return offset * 2 * d + ch, offset * 2 * d + d + ch
+    raise ValueError(order)
 
 
 def raw_write(kv_cache: torch.Tensor, order: str, block: int, head: int, offset: int, k, v) -> None:
     n, d = kv_cache.shape[2], kv_cache.shape[3] // 2
     flat = kv_cache[block, head].reshape(-1)
     assert flat.data_ptr() == kv_cache[block, head].data_ptr()  # contiguous region: reshape is a view
-    (k0, k1), (v0, v1) = raw_kv_index(order, n, d, offset)
-    flat[k0:k1] = k
-    flat[v0:v1] = v
+    ki, vi = raw_kv_index(order, n, d, offset)
+    flat[ki] = k
+    flat[vi] = v
 
 
 def raw_read(kv_cache: torch.Tensor, order: str, block: int, head: int, offset: int):
     n, d = kv_cache.shape[2], kv_cache.shape[3] // 2
     flat = kv_cache[block, head].reshape(-1)
-    (k0, k1), (v0, v1) = raw_kv_index(order, n, d, offset)
-    return flat[k0:k1], flat[v0:v1]
+    ki, vi = raw_kv_index(order, n, d, offset)
+    return flat[ki], flat[vi]
 
 
 # --------------------------------------------------------------------------------------------

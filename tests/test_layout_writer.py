@@ -130,25 +130,23 @@ def test_views_are_views(order, meta_slots):
 
 
 @pytest.mark.parametrize("hkv,meta_slots", [(1, 0), (2, 1)])
-def test_planes_order_is_vllm_cpu_attn_convention(hkv, meta_slots):
-    b, n, d = 4, 8, 16
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_planes_order_is_what_vllm_cpu_attn_writes(hkv, meta_slots, dtype):
+    """Ground truth: vLLM's own CPU writer with the ``vec`` packing its kernel reads."""
+    ops = pytest.importorskip("vllm._custom_ops", reason="needs vLLM's CPU ops")
+    b, n, d = 4, 32, 64
     slots = hkv + meta_slots
-    cache = random_cache(b, slots, n, d, torch.float32, 9)
-    # vLLM CPU_ATTN: kv_cache.view(B, H, 2 * N, D).chunk(2, dim=2) -> (K, V)
-    k_ref, v_ref = cache.view(b, slots, 2 * n, d).chunk(2, dim=2)
-    layout = PageLayout.of(cache, hkv, "planes")
-    assert torch.equal(layout.keys(cache), k_ref[:, :hkv])
-    assert torch.equal(layout.values(cache), v_ref[:, :hkv])
-    assert torch.equal(layout.page_keys(cache), k_ref.reshape(b * slots, n, d))
-    assert torch.equal(layout.page_values(cache), v_ref.reshape(b * slots, n, d))
-    # and a write lands where CPU_ATTN reads it
-    key = randn(3, hkv, d, g=gen(10))
-    value = randn(3, hkv, d, g=gen(11))
-    write_kv_reference(layout, cache, key, value, torch.tensor([5, 2 * n + 7, 3 * n]))
-    k_ref, v_ref = cache.view(b, slots, 2 * n, d).chunk(2, dim=2)
-    for i, s in enumerate([5, 2 * n + 7, 3 * n]):
-        assert torch.equal(k_ref[s // n, :hkv, s % n], key[i])
-        assert torch.equal(v_ref[s // n, :hkv, s % n], value[i])
+    ours = random_cache(b, slots, n, d, dtype, 9)
+    theirs = ours.clone()
+    key = randn(5, hkv, d, g=gen(10), dtype=dtype)
+    value = randn(5, hkv, d, g=gen(11), dtype=dtype)
+    slot_mapping = torch.tensor([5, 2 * n + 7, 3 * n, n - 1, 2 * n])
+    layout = PageLayout.of(ours, hkv, "planes")
+    write_kv_reference(layout, ours, key, value, slot_mapping)
+    k_cache, v_cache = theirs[:, :hkv].reshape(b, hkv, 2 * n, d).chunk(2, dim=2)  # a copy: K/V slots only
+    ops.cpu_attn_reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, "vec")
+    assert torch.equal(ours[:, :hkv].reshape(b, hkv, 2 * n, d), torch.cat([k_cache, v_cache], dim=2))
+    assert torch.equal(ours[:, hkv:], theirs[:, hkv:])  # metadata slots untouched
 
 
 def test_interleaved_order_is_k_then_v_per_token():

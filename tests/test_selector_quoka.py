@@ -246,5 +246,5 @@ def test_planted_key_page_is_selected(order, query_len):
 def test_make_selector():
     s = make_selector(SparseConfig(quoka={"num_queries": 5}))
     assert isinstance(s, QuokaSelector) and s.num_queries == 5
-    with pytest.raises(NotImplementedError, match="sparse_quest"):
-        make_selector(SparseConfig(method="quest"))
+    with pytest.raises(NotImplementedError, match="sparse_kascade"):
+        make_selector(SparseConfig(method="kascade"))

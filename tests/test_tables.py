@@ -114,3 +114,33 @@ def test_selection_order_does_not_matter():
         c = int(a.counts[row])
         assert torch.equal(a.page_ids[row, :c], b.page_ids[row, :c])
     assert torch.equal(a.kv_lens, b.kv_lens) and torch.equal(a.counts, b.counts)
+
+
+@pytest.mark.parametrize("hkv", [1, 3])
+def test_variable_counts_rows_hold_forced_plus_counted_picks(hkv):
+    """Top-p style selections: fewer valid entries than ``num_select``, garbage after them."""
+    n = 4
+    plan, sel, chosen, table, layout = build_case(REQS, n, hkv, 1, seed=33 + hkv)
+    g = gen(hkv)
+    counts = torch.zeros_like(sel.counts)
+    for r, req in enumerate(plan.requests):
+        for kh in range(hkv):
+            row = r * hkv + kh
+            if req.sparse:
+                counts[row] = int(torch.randint(0, req.num_select + 1, (1,), generator=g))
+    short = Selection(sel.indices, counts)
+    pt = build_page_tables(plan, short, table, layout)
+    slots = hkv + 1
+    for r, req in enumerate(plan.requests):
+        block_to_page = {int(table[r, p]): p for p in range(req.total_pages)}
+        last_len = req.seq_len - (req.total_pages - 1) * n
+        for kh in range(hkv):
+            row = r * hkv + kh
+            c = int(counts[row])
+            want = sorted(set(req.forced.tolist()) | set(sel.indices[row, :c].tolist()))
+            count = int(pt.counts[row])
+            assert count == len(want) == req.forced.numel() + c
+            ids = pt.page_ids[row].tolist()
+            assert [block_to_page[i // slots] for i in ids[:count]] == want
+            assert all(i % slots == kh and i // slots in block_to_page for i in ids[: req.num_pages])  # padding
+            assert int(pt.kv_lens[row]) == (count - 1) * n + last_len

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from vllm_sparse.config import SparseConfigError, method_of_backend, resolve_config
+from vllm_sparse.eval.cli import add_eval_parser
 
 
 def _num_layers(model: str) -> int | None:
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--additional-config", default=None)
     k.add_argument("--out", default=None, help="write the result record as JSON")
     k.set_defaults(fn=passkey)
+    add_eval_parser(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 

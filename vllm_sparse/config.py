@@ -67,6 +67,10 @@ class QuestOptions(_Strict):
 
 
 class TwilightOptions(_Strict):
+    """Twilight: the base selector proposes ``candidate_fraction`` of the context (no more than the
+    budget, which stays the cap on attended tokens); pages are then pruned to the smallest set
+    whose estimated attention mass reaches ``top_p``."""
+
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     candidates: Literal["quest", "quoka"] = "quest"
     candidate_fraction: float = Field(0.25, gt=0.0, le=1.0)
@@ -108,6 +112,7 @@ class SparseConfig(_Strict):
     local_tokens: int = Field(512, ge=0)
     dense_layers: list[int] = Field(default_factory=lambda: [0])
     dense_below_tokens: int = Field(4096, ge=0)
+    executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
     twilight: TwilightOptions = TwilightOptions()
@@ -144,6 +149,7 @@ class SparseConfig(_Strict):
             sink_tokens=self.sink_tokens if o.sink_tokens is None else o.sink_tokens,
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
+            select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
         )
 
 
@@ -156,6 +162,9 @@ class LayerPolicy:
     sink_tokens: int
     local_tokens: int
     dense_below_tokens: int
+    # A method-specific cap on the pages a selector may return, as a fraction of the context
+    # (twilight: its candidate fraction); rows may then come back with fewer (``Selection.counts``).
+    select_fraction: float | None = None
 
 
 @dataclass(frozen=True)

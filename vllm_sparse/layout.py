@@ -9,19 +9,24 @@ The first ``num_kv_heads`` head slots hold K and V; any further slots hold page 
 Each (block, head slot) is one contiguous region, so a (block, KV head) pair is one *page* with
 the physical id ``block * num_head_slots + head``.
 
+The metadata slots of a block are one contiguous byte region (``MetaPlanes`` below carves it into
+typed planes: key min/max per page for Quest, INT4 key shadows with per-token scale and zero
+point for Twilight).
+
 Inside a K/V head slot two byte orders exist, one per platform's native kernels:
 
-* ``planes`` (CPU, vLLM's CPU_ATTN order): the slot viewed as ``[2 * page_size, head_size]``
-  holds K of all tokens, then V of all tokens.
+* ``planes`` (CPU, vLLM's CPU_ATTN ``vec`` packing): the slot holds K as a ``[head_size, page_size]``
+  plane (transposed: channel-major), then V as a ``[page_size, head_size]`` plane. It is what
+  ``cpu_attn_reshape_and_cache(..., isa="vec")`` writes and vLLM's CPU attention kernel reads.
 * ``interleaved`` (GPU, FlashInfer's HND order): each token row is ``[K | V]``.
 
-All views below are views: nothing is ever copied.
+All views below are views: nothing is ever copied (K of the ``planes`` order is a transposed view).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -50,8 +55,9 @@ class PageLayout:
         nb = kv_cache.shape[0]
         n, d = self.page_size, self.head_size
         if self.order == "planes":
-            planes = kv_cache.view(nb, self.num_head_slots, 2 * n, d)
-            return planes[:, :, :n], planes[:, :, n:]
+            planes = kv_cache.view(nb, self.num_head_slots, 2, n * d)
+            keys = planes[:, :, 0].view(nb, self.num_head_slots, d, n).transpose(-1, -2)
+            return keys, planes[:, :, 1].view(nb, self.num_head_slots, n, d)
         return kv_cache[..., :d], kv_cache[..., d:]
 
     def keys(self, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -80,3 +86,125 @@ class PageLayout:
     def page_ids(self, blocks: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Physical page ids of (block, KV head) pairs; broadcasts like ``blocks * S + heads``."""
         return blocks * self.num_head_slots + heads
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata planes: typed views of the metadata head slots
+# --------------------------------------------------------------------------------------------
+
+_ALIGN = 16  # bytes: every plane starts 16-byte aligned inside a block's metadata region
+
+#: The planes each method keeps (methods not listed keep none and get no extra head slots).
+METHOD_PLANES: dict[str, tuple[str, ...]] = {
+    "quest": ("minmax",),
+    "twilight": ("minmax", "int4"),  # min/max feeds the default quest candidates
+}
+
+
+def _align(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class PageMeta(NamedTuple):
+    """Typed views (no copies) of one layer's metadata planes, indexed by physical block.
+
+    Attributes (``None`` where the method keeps no such plane):
+        kmin, kmax: ``[num_blocks, Hkv, D]`` cache dtype; channel-wise min/max of the page's
+            written keys (Quest).
+        codes: ``uint8 [num_blocks, Hkv, N, D // 2]`` INT4 key shadow, channel ``2i`` in the low
+            nibble and ``2i + 1`` in the high nibble of byte ``i`` (Twilight).
+        scale, zero: ``float16 [num_blocks, Hkv, N]`` per token and KV head:
+            ``k ~= code * scale + zero`` (asymmetric, one group = one key vector of D channels).
+    """
+
+    kmin: torch.Tensor | None
+    kmax: torch.Tensor | None
+    codes: torch.Tensor | None
+    scale: torch.Tensor | None
+    zero: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class MetaPlanes:
+    """Where each metadata plane lives inside a block's metadata head slots.
+
+    Per block, the slots after the K/V heads are viewed as one byte array; planes follow each
+    other, each 16-byte aligned, in this order::
+
+        kmin  [Hkv, D] cache dtype | kmax [Hkv, D] cache dtype          (minmax)
+        codes [Hkv, N, D/2] uint8 | scale [Hkv, N] fp16 | zero [Hkv, N] fp16   (int4)
+    """
+
+    num_kv_heads: int
+    page_size: int
+    head_size: int
+    dtype: torch.dtype
+    minmax: bool
+    int4: bool
+
+    @classmethod
+    def for_method(
+        cls, method: str, num_kv_heads: int, page_size: int, head_size: int, dtype: torch.dtype
+    ) -> MetaPlanes | None:
+        """The planes of ``method`` (``None`` when it keeps no page metadata)."""
+        planes = METHOD_PLANES.get(method, ())
+        if not planes:
+            return None
+        if "int4" in planes and head_size % 2:
+            raise ValueError(f"INT4 key shadows need an even head size, got {head_size}")
+        return cls(num_kv_heads, page_size, head_size, dtype, "minmax" in planes, "int4" in planes)
+
+    def _offsets(self) -> dict[str, tuple[int, int]]:
+        """Plane name -> (byte offset, byte size) inside a block's metadata region."""
+        h, n, d, es = self.num_kv_heads, self.page_size, self.head_size, self.dtype.itemsize
+        sizes = []
+        if self.minmax:
+            sizes += [("kmin", h * d * es), ("kmax", h * d * es)]
+        if self.int4:
+            sizes += [("codes", h * n * d // 2), ("scale", h * n * 2), ("zero", h * n * 2)]
+        out, off = {}, 0
+        for name, size in sizes:
+            out[name] = (off, size)
+            off = _align(off + size)
+        return out
+
+    @property
+    def num_bytes(self) -> int:
+        """Metadata bytes per block (all KV heads), planes 16-byte aligned."""
+        return max((off + size for off, size in self._offsets().values()), default=0)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one head slot: ``page_size * 2 * head_size`` elements of the cache dtype."""
+        return self.page_size * 2 * self.head_size * self.dtype.itemsize
+
+    @property
+    def num_slots(self) -> int:
+        """Extra head slots per block that hold the planes: ``ceil(num_bytes / slot_bytes)``."""
+        return -(-self.num_bytes // self.slot_bytes)
+
+    def views(self, kv_cache: torch.Tensor) -> PageMeta:
+        """Typed views of the planes of ``kv_cache [num_blocks, head_slots, N, 2D]`` (no copies)."""
+        nb, slots, n, two_d = kv_cache.shape
+        h, d = self.num_kv_heads, self.head_size
+        if slots - h < self.num_slots or n != self.page_size or two_d != 2 * d:
+            raise ValueError(
+                f"cache {tuple(kv_cache.shape)} has no room for {self.num_slots} metadata slot(s) "
+                f"after {h} KV heads (page {self.page_size}, head size {d})"
+            )
+        region = kv_cache[:, h:].flatten(1).view(torch.uint8)  # [num_blocks, meta bytes], a view
+        offs = self._offsets()
+
+        def plane(name: str, dtype: torch.dtype, *shape: int) -> torch.Tensor | None:
+            if name not in offs:
+                return None
+            off, size = offs[name]
+            return region[:, off : off + size].view(dtype).view(nb, *shape)
+
+        return PageMeta(
+            kmin=plane("kmin", self.dtype, h, d),
+            kmax=plane("kmax", self.dtype, h, d),
+            codes=plane("codes", torch.uint8, h, n, d // 2),
+            scale=plane("scale", torch.float16, h, n),
+            zero=plane("zero", torch.float16, h, n),
+        )

@@ -34,13 +34,13 @@ class RequestPlan:
     context_len: int
     seq_len: int
     sparse: bool
-    num_select: int  # pages the selector picks per KV head (0 for dense requests)
+    num_select: int  # pages the selector may pick per KV head (the cap; 0 for dense requests)
     num_past_pages: int  # complete pages before the chunk: the selector's candidates
     forced: torch.Tensor  # int64 [F]: ascending logical pages always attended (all pages if dense)
 
     @property
     def num_pages(self) -> int:
-        """Pages attended per KV head."""
+        """Pages attended per KV head at most (rows with a smaller selection count attend fewer)."""
         return self.forced.numel() + self.num_select
 
     @property
@@ -93,6 +93,9 @@ def plan_request(
     if dense:
         forced = torch.arange(total_pages, dtype=torch.int64)
         return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, forced, n)
+    if policy.select_fraction is not None:  # method-specific cap, e.g. twilight's candidates
+        cap_pages = cdiv(int(policy.select_fraction * ctx), n)
+        num_select = min(num_select, max(0, cap_pages - len(forced_past)))
     pages = sorted(forced_past | set(range(num_past, total_pages)))
     forced = torch.tensor(pages, dtype=torch.int64)
     return RequestPlan(query_start, query_len, ctx, seq_len, True, num_select, num_past, forced, n)

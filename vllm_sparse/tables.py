@@ -38,34 +38,47 @@ class PageTables:
 
 
 def logical_rows(plan: StepPlan, selection: Selection, request: int, num_kv_heads: int) -> torch.Tensor:
-    """Ascending logical pages of one request's rows: ``int64 [Hkv, F + k]``."""
+    """Ascending logical pages of one request's rows: ``int64 [Hkv, F + num_select]``.
+
+    Row ``h`` holds its ``F + selection.counts[row]`` valid pages first, ascending; the rest are
+    padding, equal to ``total_pages`` (past every real page). Computed on the device, no sync.
+    """
     req = plan.requests[request]
     forced = req.forced.to(selection.indices.device)[None, :].expand(num_kv_heads, -1)
     if req.num_select == 0:
         return forced
     rows = slice(request * num_kv_heads, (request + 1) * num_kv_heads)
     picked = selection.indices[rows, : req.num_select]
+    valid = torch.arange(req.num_select, device=picked.device)[None, :] < selection.counts[rows, None]
+    picked = torch.where(valid, picked, torch.full_like(picked, req.total_pages))
     return torch.cat([forced, picked], dim=1).sort(dim=1).values
 
 
 def build_page_tables(
     plan: StepPlan, selection: Selection, block_table: torch.Tensor, layout: PageLayout
 ) -> PageTables:
-    """Args: block_table ``int [B, max_blocks]`` (logical page -> block); returns ``PageTables``."""
+    """Args: block_table ``int [B, max_blocks]`` (logical page -> block); returns ``PageTables``.
+
+    Rows carry ``F + selection.counts[row]`` pages (F = the request's forced pages); padding
+    entries past a row's count hold a valid page id of the same row, so gathers stay in bounds
+    and ``kv_lens`` masks them out.
+    """
     hkv, n = layout.num_kv_heads, layout.page_size
     device = block_table.device
     num_rows = len(plan.requests) * hkv
     width = max((r.num_pages for r in plan.requests), default=0)
     page_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)
-    counts = torch.empty(num_rows, dtype=torch.int32)
-    kv_lens = torch.empty(num_rows, dtype=torch.int32)
+    counts = torch.empty(num_rows, dtype=torch.int32, device=device)
+    kv_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
     heads = torch.arange(hkv, device=device)[:, None]
+    sel_counts = selection.counts.to(device)
     for r, req in enumerate(plan.requests):
-        logical = logical_rows(plan, selection, r, hkv)
-        blocks = block_table[r].long()[logical]  # [Hkv, F + k]
+        logical = logical_rows(plan, selection, r, hkv).to(device)
+        blocks = block_table[r].long()[logical.clamp(max=req.total_pages - 1)]  # [Hkv, F + k]
         rows = slice(r * hkv, (r + 1) * hkv)
         page_ids[rows, : logical.shape[1]] = layout.page_ids(blocks, heads)
         last_len = req.seq_len - (req.total_pages - 1) * n
-        counts[rows] = req.num_pages
-        kv_lens[rows] = (req.num_pages - 1) * n + last_len
-    return PageTables(page_ids, counts.to(device), kv_lens.to(device))
+        row_counts = req.forced.numel() + (sel_counts[rows] if req.num_select else 0)
+        counts[rows] = row_counts
+        kv_lens[rows] = (counts[rows] - 1) * n + last_len
+    return PageTables(page_ids, counts, kv_lens)

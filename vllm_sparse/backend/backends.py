@@ -7,6 +7,7 @@ them fails at engine start with a clear reason instead of running dense silently
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import torch
@@ -25,6 +26,7 @@ from vllm_sparse.backend.impl import (
 )
 from vllm_sparse.backend.metadata import SparseMetadataBuilder
 from vllm_sparse.backend.startup import sparse_config_reasons
+from vllm_sparse.layout import MetaPlanes
 
 
 class SparseBackend(AttentionBackend):
@@ -40,6 +42,26 @@ class SparseBackend(AttentionBackend):
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return [] if current_platform.is_cpu() else [64, 128, 256]
+
+    @classmethod
+    def meta_slots(cls, spec) -> int:
+        """Extra head slots per block for this method's page metadata (0: none).
+
+        A function of the method and the layer's shapes only, so the engine core and every
+        worker agree on the page size (see ``layout.MetaPlanes``).
+        """
+        planes = MetaPlanes.for_method(cls.method, spec.num_kv_heads, spec.block_size, spec.head_size, spec.dtype)
+        return 0 if planes is None else planes.num_slots
+
+    @classmethod
+    def customize_spec(cls, spec):
+        """Metadata methods get ``num_head_slots = num_kv_heads + meta_slots``: vLLM's memory
+        planner, prefix caching, block copies and offload then count and move the planes with
+        their pages."""
+        spec = super().customize_spec(spec)
+        if spec.num_head_slots is None and (extra := cls.meta_slots(spec)):
+            spec = dataclasses.replace(spec, num_head_slots=spec.num_kv_heads + extra)
+        return spec
 
     @classmethod
     def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:

@@ -12,8 +12,10 @@ from vllm_sparse import stats
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.executors import get_executor
-from vllm_sparse.layout import PageLayout
+from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
 from vllm_sparse.metadata import get_kv_writer
+from vllm_sparse.metadata.int4_shadow import write_int4_shadow
+from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
@@ -57,23 +59,47 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         vllm_config = get_current_vllm_config()
         self.config = load_config(self.method, vllm_config).config
-        self.selector = make_selector(self.config)
+        self.selector = make_selector(self.config, self.scale)
         device_type = "cpu" if current_platform.is_cpu() else "cuda"
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
-        self.execute = get_executor(device_type)
+        self.execute = self._pick_executor(device_type)
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
         self.layer_idx: int | None = None
 
+    def _pick_executor(self, device_type: str):
+        """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's."""
+        if self.config.executor == "auto" and device_type == "cpu" and self.head_size % 32 == 0:
+            from vllm_sparse.backend.cpu_attn_executor import CpuAttnExecutor
+
+            return CpuAttnExecutor()
+        return get_executor(device_type)
+
     def _layout(self, kv_cache: torch.Tensor) -> PageLayout:
         return PageLayout.of(kv_cache, self.num_kv_heads, self.kv_order)
 
+    def _meta(self, kv_cache: torch.Tensor, layout: PageLayout) -> PageMeta | None:
+        """Views of this method's metadata planes in ``kv_cache`` (``None`` if it keeps none)."""
+        planes = MetaPlanes.for_method(
+            self.method, layout.num_kv_heads, layout.page_size, layout.head_size, kv_cache.dtype
+        )
+        return None if planes is None else planes.views(kv_cache)
+
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        """Stage 0: write this step's K/V (``[T, Hkv, D]``) into ``kv_cache`` at ``slot_mapping``."""
+        """Stage 0: write this step's K/V (``[T, Hkv, D]``) into ``kv_cache`` at ``slot_mapping``,
+        then the page metadata of every touched page (methods that keep it)."""
         if self.kv_sharing_target_layer_name is not None:
             return
-        self.write_kv(self._layout(kv_cache), kv_cache, key, value, slot_mapping)
+        layout = self._layout(kv_cache)
+        self.write_kv(layout, kv_cache, key, value, slot_mapping)
+        meta = self._meta(kv_cache, layout)
+        if meta is None:
+            return
+        if meta.kmin is not None:
+            write_page_minmax(layout, kv_cache, meta, slot_mapping)
+        if meta.codes is not None:
+            write_int4_shadow(meta, key, slot_mapping, layout.page_size, kv_cache.dtype)
 
     def forward(
         self,
@@ -101,7 +127,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
 
         plan = attn_metadata.plan_for(self.config.for_layer(self.layer_idx))  # 1 policy
         if plan.any_sparse:  # 2 select
-            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan)
+            meta = self._meta(kv_cache, layout)
+            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan, meta)
         else:
             selection = empty_selection(plan, layout.num_kv_heads, query.device)
         tables = build_page_tables(plan, selection, attn_metadata.block_table, layout)  # 3 tables

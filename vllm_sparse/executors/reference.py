@@ -30,10 +30,13 @@ def attend_request(
     i = torch.arange(c, device=q.device)
     limit = kv_lens.to(q.device).long()[:, None, None] - c + i[None, :, None]  # [Hkv, C, 1]
     mask = (j[None, None, :] <= limit)[:, None]  # [Hkv, 1, C, T]
+    g = q.shape[2]
+    # K/V expanded (a view) to the G query heads: torch's CPU kernel is ~5x slower when it
+    # broadcasts a single KV head itself.
     out = F.scaled_dot_product_attention(
         q.permute(1, 2, 0, 3),  # [Hkv, G, C, D]
-        keys[:, None],
-        values[:, None],
+        keys[:, None].expand(-1, g, -1, -1),
+        values[:, None].expand(-1, g, -1, -1),
         attn_mask=mask,
         scale=scale,
     )

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Callable
 
 from vllm_sparse.metadata.writer import write_kv_reference
 
 KVWriter = Callable[..., None]
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def get_kv_writer(device_type: str) -> KVWriter:
-    """The K/V writer for a platform (``"cpu"``, ``"cuda"``); signature of ``write_kv_reference``."""
+    """The K/V writer for a platform (``"cpu"``, ``"cuda"``); signature of ``write_kv_reference``.
+
+    On CUDA: the Triton kernel ``kernels.kv_write.write_kv_triton``; without ``triton``, the torch
+    reference, with one warning.
+    """
+    if device_type == "cuda":
+        if importlib.util.find_spec("triton") is not None:
+            from vllm_sparse.kernels.kv_write import write_kv_triton
+
+            return write_kv_triton
+        msg = "vllm-sparse: triton is not installed; using the torch reference K/V writer"
+        if msg not in _warned:
+            _warned.add(msg)
+            logger.warning(msg)
     return write_kv_reference
 
 

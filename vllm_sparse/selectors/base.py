@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from vllm_sparse.layout import PageLayout
+from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
 
 
@@ -33,8 +33,9 @@ class Selector(Protocol):
         block_table: torch.Tensor,
         layout: PageLayout,
         plan: StepPlan,
+        meta: PageMeta | None = None,
     ) -> Selection:
-        """Score the past pages of every sparse request and keep ``plan`` 's number of them.
+        """Score the past pages of every sparse request and keep at most ``plan`` 's number of them.
 
         Args:
             query: ``[T, Hq, D]`` this step's queries (post-RoPE).
@@ -42,6 +43,10 @@ class Selector(Protocol):
             block_table: ``int [B, max_blocks]`` physical block of each logical page.
             layout: the cache's page layout.
             plan: the step plan of this layer (which requests are sparse, how many pages).
+            meta: views of the page metadata planes, for methods that keep them (else ``None``).
+        Returns:
+            rows with ``counts <= num_select`` of the request (fixed-budget methods return exactly
+            ``num_select``; top-p methods fewer).
         """
         ...
 
@@ -59,3 +64,8 @@ def past_page_ids(block_table: torch.Tensor, request: int, num_past: int, layout
     blocks = block_table[request, :num_past].long()
     heads = torch.arange(layout.num_kv_heads, device=blocks.device)
     return layout.page_ids(blocks[None, :], heads[:, None])
+
+
+def forced_past(req, device: torch.device) -> torch.Tensor:
+    """Forced pages among a request's past pages (sink, local window): ``int64 [F']``."""
+    return req.forced[req.forced < req.num_past_pages].to(device)

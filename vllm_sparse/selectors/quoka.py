@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_sparse.layout import PageLayout
+from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.selectors.base import Selection, empty_selection, past_page_ids
 
@@ -49,7 +49,7 @@ def group_query(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 def score_pages(qbar: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Page scores ``[Hkv, P]`` from grouped queries ``[Hkv, n, D]`` and keys ``[Hkv, P, N, D]``."""
     h, p, n, d = keys.shape
-    unit_k = torch.nn.functional.normalize(keys.float(), dim=-1).view(h, p * n, d)
+    unit_k = torch.nn.functional.normalize(keys.float(), dim=-1).reshape(h, p * n, d)
     cos = torch.bmm(qbar, unit_k.transpose(1, 2))  # [Hkv, nq, P*N]
     return cos.amax(dim=1).view(h, p, n).amax(dim=2)
 
@@ -65,8 +65,9 @@ class QuokaSelector:
         block_table: torch.Tensor,
         layout: PageLayout,
         plan: StepPlan,
+        meta: PageMeta | None = None,
     ) -> Selection:
-        """See ``selectors.base.Selector``; query ``[T, Hq, D]``, returns rows ``B * Hkv``."""
+        """See ``selectors.base.Selector``; query ``[T, Hq, D]``, returns rows ``B * Hkv``; no metadata."""
         hkv = layout.num_kv_heads
         sel = empty_selection(plan, hkv, query.device)
         for r, req in enumerate(plan.requests):

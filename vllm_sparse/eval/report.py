@@ -1,0 +1,224 @@
+"""Write an eval run's results: per-sample JSON, a summary JSON, a markdown table and PNG plots.
+
+Files in the run's ``out_dir``:
+
+* ``samples.json``  one record per (backend, sample): prompt hash, expected, output, score, ...;
+* ``summary.json``  config, machine, command, timings, mean accuracy per (backend, task, context);
+* ``report.md``     the table: per task and context, dense accuracy beside each sparse backend's
+                    (with the difference), then the mean over tasks;
+* ``accuracy_vs_context.png``  mean accuracy over tasks against context length, one line per backend;
+* ``accuracy_vs_budget.png``   mean accuracy against budget fraction, one line per (method, context),
+                               the dense accuracy as a dashed line of the same colour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ALL = "all tasks"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``lscpu`` (``platform.processor()`` where lscpu is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, core count, GPU (if any) and library versions."""
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    try:
+        import vllm
+
+        info["vllm"] = vllm.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def accuracy_table(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str, int], tuple[float, int]]:
+    """Mean score and sample count per (backend, task, context); task ``ALL`` is the mean over tasks."""
+    scores: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for r in records:
+        scores[(r["backend"], r["task"], r["context"])].append(r["score"])
+    table = {k: (sum(v) / len(v), len(v)) for k, v in scores.items()}
+    per_task: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (backend, _, ctx), (mean, _) in table.items():
+        per_task[(backend, ctx)].append(mean)
+    for (backend, ctx), means in per_task.items():
+        table[(backend, ALL, ctx)] = (sum(means) / len(means), len(means))
+    return table
+
+
+def markdown(result, table: dict, machine: dict, command: str) -> str:
+    """The report: header (model, machine, command, timings) and the dense-beside-sparse table."""
+    runs = result.runs
+    dense = next((r.backend.label for r in runs if not r.backend.is_sparse), None)
+    sparse = [r.backend.label for r in runs if r.backend.is_sparse]
+    tasks = list(dict.fromkeys(s.task for s in result.samples)) + [ALL]
+    contexts = sorted({s.context for s in result.samples})
+    hay = sorted({s.haystack for s in result.samples})
+    cfg = result.config
+    lines = [
+        f"# Accuracy: {cfg.model}",
+        "",
+        f"- machine: {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores), "
+        f"vLLM {machine.get('vllm', '?')}, torch {machine.get('torch', '?')}",
+        f"- command: `{command}`",
+        f"- samples per task and context: {cfg.samples}; depths {list(cfg.depths)}; seed {cfg.seed}; "
+        f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
+        f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}",
+        "",
+        "| backend | engine start (s) | generate (s) | KV pages attended |",
+        "|---|---|---|---|",
+    ]
+    for r in runs:
+        share = r.page_counters.get("attended_share")
+        shown = f"{100 * share:.1f}%" if share is not None and r.backend.is_sparse else "100% (dense)"
+        lines.append(f"| {r.backend.label} | {r.start_s} | {r.generate_s} | {shown} |")
+    for r in runs:
+        if r.backend.sparse:
+            lines.append(f"\n`{r.backend.label}` sparse_attention: `{json.dumps(r.backend.sparse)}`")
+    lines += ["", "Accuracy (mean score; sparse columns show the difference to dense in brackets):", ""]
+    header = ["task", "context", f"{dense} (dense)" if dense else "dense", *sparse]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for ctx in contexts:
+        for task in tasks:
+            base = table.get((dense, task, ctx))
+            row = [task if task != ALL else f"**{ALL}**", str(ctx), f"{base[0]:.2f}" if base else "-"]
+            for label in sparse:
+                cell = table.get((label, task, ctx))
+                if cell is None:
+                    row.append("-")
+                elif base is None:
+                    row.append(f"{cell[0]:.2f}")
+                else:
+                    row.append(f"{cell[0]:.2f} ({cell[0] - base[0]:+.2f})")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_context(result, table: dict, path: Path) -> None:
+    """Mean accuracy over tasks against context length, one line per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contexts = sorted({s.context for s in result.samples})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in result.runs:
+        label = r.backend.label
+        ys = [table.get((label, ALL, c), (float("nan"), 0))[0] for c in contexts]
+        ax.plot(contexts, ys, marker="o", linestyle="--" if not r.backend.is_sparse else "-", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [f"{c // 1024}K" for c in contexts])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("accuracy (mean over tasks)")
+    ax.set_title(f"{result.config.model}: accuracy vs context")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_budget(result, table: dict, path: Path) -> None:
+    """Mean accuracy against budget fraction per (method, context); dense as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    contexts = sorted({s.context for s in result.samples})
+    dense = next((r.backend.label for r in result.runs if not r.backend.is_sparse), None)
+    methods = sorted({r.backend.method for r in result.runs if r.backend.is_sparse})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ctx in enumerate(contexts):
+        color = colors[i % len(colors)]
+        for method in methods:
+            points = sorted(
+                (r.backend.budget, table[(r.backend.label, ALL, ctx)][0])
+                for r in result.runs
+                if r.backend.method == method and (r.backend.label, ALL, ctx) in table and r.backend.budget
+            )
+            if points:
+                ax.plot(*zip(*points), marker="o", color=color, label=f"{method} @ {ctx // 1024}K")
+        if dense and (dense, ALL, ctx) in table:
+            ax.axhline(table[(dense, ALL, ctx)][0], color=color, linestyle="--", label=f"dense @ {ctx // 1024}K")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("budget (fraction of the context)")
+    ax.set_ylabel("accuracy (mean over tasks)")
+    ax.set_title(f"{result.config.model}: accuracy vs budget")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(result) -> dict[str, str]:
+    """Write every output file of ``result`` into its ``out_dir``; returns their paths by kind."""
+    from vllm_sparse.eval.runner import config_dict
+
+    out = Path(result.config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    records = [rec for r in result.runs for rec in r.records]
+    table = accuracy_table(records)
+    machine = machine_info()
+    command = result.config.command or " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
+    files = {
+        "samples": out / "samples.json",
+        "summary": out / "summary.json",
+        "markdown": out / "report.md",
+        "plot_context": out / "accuracy_vs_context.png",
+        "plot_budget": out / "accuracy_vs_budget.png",
+    }
+    files["samples"].write_text(json.dumps(records, indent=1) + "\n")
+    summary = {
+        "model": result.config.model,
+        "model_path": result.model_path,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": machine,
+        "command": command,
+        "config": config_dict(result.config),
+        "backends": [
+            {"label": r.backend.label, "attention_backend": r.backend.name, "sparse_attention": r.backend.sparse,
+             "engine_start_s": r.start_s, "generate_s": r.generate_s, "page_counters": r.page_counters}
+            for r in result.runs
+        ],  # fmt: skip
+        "accuracy": [
+            {"backend": b, "task": t, "context": c, "accuracy": round(m, 4), "n": n}
+            for (b, t, c), (m, n) in sorted(table.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0]))
+        ],
+    }
+    files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
+    result.markdown = markdown(result, table, machine, command)
+    files["markdown"].write_text(result.markdown)
+    plot_context(result, table, files["plot_context"])
+    plot_budget(result, table, files["plot_budget"])
+    result.files = {k: str(v) for k, v in files.items()}
+    return result.files

@@ -1,0 +1,56 @@
+"""Quest page summaries: channel-wise key min and max per (page, KV head), torch reference writer.
+
+Blocks are reused and never zeroed, and prefix-cache hits or recomputes rewrite parts of a page,
+so a running min/max would mix in a previous owner's keys. Instead every page touched by this
+step's write is summarised again from its own keys at offsets ``0 .. last written offset``: the
+offset-0 write of a fresh page resets it, a partial rewrite (prefix-cache style, recompute of
+the last token) gives the summary of exactly the tokens the page now holds, and untouched pages
+(cached, full) keep theirs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_sparse.layout import PageLayout, PageMeta
+
+
+def page_minmax(keys: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Channel-wise min and max over each page's first ``fill`` tokens.
+
+    Args:
+        keys: ``[U, Hkv, N, D]`` keys of ``U`` pages.
+        fill: ``int64 [U]`` valid tokens per page (``1 .. N``).
+    Returns:
+        ``(kmin, kmax)``, each ``[U, Hkv, D]`` in ``keys.dtype``.
+    """
+    n = keys.shape[2]
+    stale = torch.arange(n, device=keys.device)[None, :] >= fill[:, None]  # [U, N]
+    stale = stale[:, None, :, None]
+    kmin = keys.masked_fill(stale, float("inf")).amin(dim=2)
+    kmax = keys.masked_fill(stale, float("-inf")).amax(dim=2)
+    return kmin, kmax
+
+
+def write_page_minmax(layout: PageLayout, kv_cache: torch.Tensor, meta: PageMeta, slot_mapping: torch.Tensor) -> None:
+    """Recompute the summary of every page written this step (call after the K/V write).
+
+    Args:
+        layout: the cache's page layout.
+        kv_cache: ``[num_blocks, num_head_slots, N, 2D]`` with this step's keys already written.
+        meta: views of the cache's planes; ``meta.kmin``/``meta.kmax`` ``[num_blocks, Hkv, D]``
+            are written in place.
+        slot_mapping: ``int [T]`` slots ``block * N + offset`` written this step; negative = padding.
+    """
+    slots = slot_mapping.long()
+    slots = slots[slots >= 0]
+    if slots.numel() == 0:
+        return
+    n = layout.page_size
+    blocks, offsets = slots // n, slots % n
+    touched, inverse = torch.unique(blocks, return_inverse=True)
+    last = torch.zeros_like(touched).scatter_reduce_(0, inverse, offsets, "amax", include_self=False)
+    keys = layout.keys(kv_cache)[touched]  # [U, Hkv, N, D] (a gathered copy)
+    kmin, kmax = page_minmax(keys, last + 1)
+    meta.kmin[touched] = kmin.to(meta.kmin.dtype)
+    meta.kmax[touched] = kmax.to(meta.kmax.dtype)
