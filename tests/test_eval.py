@@ -52,7 +52,7 @@ def test_needles_are_in_the_prompt_once_at_their_depth(tokenizer):
     for s in (shallow, deep):
         assert s.prompt.count(s.expected[0]) == 1
     rel = [s.prompt.index(s.expected[0]) / len(s.prompt) for s in (shallow, deep)]
-    assert rel[0] < 0.3 < 0.7 < rel[1]
+    assert rel[0] < 0.3 and rel[1] > 0.7
 
 
 def test_multi_needle_answer_keys(tokenizer):
@@ -113,7 +113,7 @@ def test_default_backends():
 def test_clear_errors_before_any_engine(tiny_llama, tmp_path):
     with pytest.raises(UnknownModelError):
         run_eval(EvalConfig(model="no-such-model", out_dir=str(tmp_path)))
-    with pytest.raises(ValueError, match="longer than the model supports"):
+    with pytest.raises(ValueError, match="longer than the model"):
         run_eval(EvalConfig(model=tiny_llama, contexts=(1 << 20,), out_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="dense"):
         run_eval(EvalConfig(model=tiny_llama, backends=[Backend("q", "sparse_quoka", {})], out_dir=str(tmp_path)))
@@ -131,7 +131,7 @@ def test_eval_end_to_end_tiny(tiny_llama, tmp_path):
         "--kv-cache-gib", "0.25", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
     records = json.loads((out / "samples.json").read_text())
@@ -140,7 +140,9 @@ def test_eval_end_to_end_tiny(tiny_llama, tmp_path):
     for r in records:
         assert set(r) >= {"prompt_hash", "expected", "output", "score"}
         assert 0.0 <= r["score"] <= 1.0
-    by_backend = {b: [r["prompt_hash"] for r in records if r["backend"] == b] for b in ("CPU_ATTN", "sparse_quoka@0.25")}
+    by_backend = {
+        b: [r["prompt_hash"] for r in records if r["backend"] == b] for b in ("CPU_ATTN", "sparse_quoka@0.25")
+    }
     assert by_backend["CPU_ATTN"] == by_backend["sparse_quoka@0.25"]  # the same prompts for every backend
 
     summary = json.loads((out / "summary.json").read_text())

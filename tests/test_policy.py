@@ -242,3 +242,16 @@ def test_plan_step_all_dense_and_empty():
     assert not step.any_sparse and step.max_select == 0
     empty = plan_step(p, 16, [0], [])
     assert empty.requests == () and empty.max_select == 0 and not empty.any_sparse
+
+
+def test_sparse_decode_off_makes_decode_dense_but_not_chunks():
+    from vllm_sparse.config import Budget, LayerPolicy
+    from vllm_sparse.policy import plan_request
+
+    pol = LayerPolicy(False, Budget(fraction=0.1, min_tokens=0, max_tokens=None), 16, 64, 0, sparse_decode=False)
+    decode = plan_request(pol, 16, 0, 1, 5000)
+    chunk = plan_request(pol, 16, 0, 300, 5000)
+    assert not decode.sparse and decode.num_pages == decode.total_pages
+    assert chunk.sparse and chunk.num_pages < chunk.total_pages
+    on = plan_request(LayerPolicy(False, pol.budget, 16, 64, 0), 16, 0, 1, 5000)
+    assert on.sparse

@@ -112,6 +112,7 @@ class SparseConfig(_Strict):
     local_tokens: int = Field(512, ge=0)
     dense_layers: list[int] = Field(default_factory=lambda: [0])
     dense_below_tokens: int = Field(4096, ge=0)
+    sparse_decode: bool = True  # False: decode steps attend every page (selection costs a key scan)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
@@ -150,6 +151,7 @@ class SparseConfig(_Strict):
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
+            sparse_decode=self.sparse_decode,
         )
 
 
@@ -165,6 +167,7 @@ class LayerPolicy:
     # A method-specific cap on the pages a selector may return, as a fraction of the context
     # (twilight: its candidate fraction); rows may then come back with fewer (``Selection.counts``).
     select_fraction: float | None = None
+    sparse_decode: bool = True  # False: decode steps (query length 1) run dense
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ def plan_request(
 
     dense = (
         policy.dense
+        or (query_len == 1 and not policy.sparse_decode)
         or ctx == 0
         or ctx < policy.dense_below_tokens
         or budget_tokens >= ctx

@@ -135,9 +135,12 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
+        # Exact counts on CPU; on a GPU the host-known plan (an upper bound for variable budgets),
+        # so that counting never syncs with the device.
+        attended = hkv * sum(r.num_pages for r in plan.requests) if query.is_cuda else tables.attended_pages
         stats.record(
             sparse_rows=hkv * sum(r.sparse for r in plan.requests),
-            attended_pages=tables.attended_pages,
+            attended_pages=attended,
             dense_pages=hkv * sum(r.total_pages for r in plan.requests),
         )
         if self.layer_idx == self.last_layer:

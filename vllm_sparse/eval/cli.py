@@ -20,8 +20,14 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         "PNG plots into --out.",
     )
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="known model name or local HF folder")
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS), metavar="TASK",
-                   help=f"tasks (default: all): {', '.join(TASKS)}")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=list(TASKS),
+        choices=list(TASKS),
+        metavar="TASK",
+        help=f"tasks (default: all): {', '.join(TASKS)}",
+    )
     p.add_argument("--contexts", nargs="+", type=int, default=[4096], help="context lengths in tokens")
     p.add_argument("--samples", type=int, default=2, help="samples per task and context")
     p.add_argument("--depths", nargs="+", type=float, default=list(DEFAULT_DEPTHS), help="needle depths in [0, 1]")
@@ -29,9 +35,11 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, help="sparse methods (default: every implemented one)")
     p.add_argument("--budgets", nargs="+", type=float, default=[0.125, 0.25], help="budget fractions")
     p.add_argument("--min-tokens", type=int, default=1024, help="budget min_tokens of every sparse backend")
-    p.add_argument("--sparse-config", default=None,
-                   help="JSON of further sparse_attention fields for every sparse backend, "
-                   "e.g. '{\"dense_below_tokens\": 1024}'")
+    p.add_argument(
+        "--sparse-config",
+        default=None,
+        help="JSON of further sparse_attention fields for every sparse backend, e.g. '{\"dense_below_tokens\": 1024}'",
+    )
     p.add_argument("--dense-backend", default=None, help="dense backend (default: CPU_ATTN on CPU, FLASH_ATTN on GPU)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--block-size", type=int, default=32)
@@ -42,6 +50,12 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=run_eval_command)
     return p  # fmt: skip
+
+
+def _command() -> str:
+    """This process's command line as ``vllm-sparse eval ...`` (for the report)."""
+    argv = sys.argv[1:] if sys.argv[1:2] == ["eval"] else ["eval", *sys.argv[1:]]
+    return " ".join(shlex.quote(a) for a in ["vllm-sparse", *argv])
 
 
 def config_from_args(args: argparse.Namespace):
@@ -56,7 +70,7 @@ def config_from_args(args: argparse.Namespace):
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
         out_dir=args.out, progress=not args.no_progress,
-        command=" ".join(shlex.quote(a) for a in ["vllm-sparse", *sys.argv[1:]]),
+        command=_command(),
     )  # fmt: skip
 
 

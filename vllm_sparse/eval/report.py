@@ -71,6 +71,17 @@ def accuracy_table(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str, in
     return table
 
 
+def _budget_tokens(backend, contexts) -> str:
+    """``4096: 1024, 8192: 1024``: the budget in tokens at each context (min/max clamps applied)."""
+    from vllm_sparse.config import Budget
+
+    try:
+        budget = Budget(**(backend.sparse or {}).get("budget", {}))
+    except ValueError:
+        return "?"
+    return ", ".join(f"{c}: {budget.tokens(c)}" for c in contexts)
+
+
 def markdown(result, table: dict, machine: dict, command: str) -> str:
     """The report: header (model, machine, command, timings) and the dense-beside-sparse table."""
     runs = result.runs
@@ -83,12 +94,16 @@ def markdown(result, table: dict, machine: dict, command: str) -> str:
     lines = [
         f"# Accuracy: {cfg.model}",
         "",
-        f"- machine: {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores), "
-        f"vLLM {machine.get('vllm', '?')}, torch {machine.get('torch', '?')}",
+        (
+            f"- machine: {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores), "
+            f"vLLM {machine.get('vllm', '?')}, torch {machine.get('torch', '?')}"
+        ),
         f"- command: `{command}`",
-        f"- samples per task and context: {cfg.samples}; depths {list(cfg.depths)}; seed {cfg.seed}; "
-        f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
-        f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}",
+        (
+            f"- samples per task and context: {cfg.samples}; depths {list(cfg.depths)}; seed {cfg.seed}; "
+            f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
+            f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}"
+        ),
         "",
         "| backend | engine start (s) | generate (s) | KV pages attended |",
         "|---|---|---|---|",
@@ -100,6 +115,9 @@ def markdown(result, table: dict, machine: dict, command: str) -> str:
     for r in runs:
         if r.backend.sparse:
             lines.append(f"\n`{r.backend.label}` sparse_attention: `{json.dumps(r.backend.sparse)}`")
+            lines.append(
+                f"(past tokens selected per KV head at the full context: {_budget_tokens(r.backend, contexts)})"
+            )
     lines += ["", "Accuracy (mean score; sparse columns show the difference to dense in brackets):", ""]
     header = ["task", "context", f"{dense} (dense)" if dense else "dense", *sparse]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -206,10 +224,16 @@ def write_report(result) -> dict[str, str]:
         "command": command,
         "config": config_dict(result.config),
         "backends": [
-            {"label": r.backend.label, "attention_backend": r.backend.name, "sparse_attention": r.backend.sparse,
-             "engine_start_s": r.start_s, "generate_s": r.generate_s, "page_counters": r.page_counters}
+            {
+                "label": r.backend.label,
+                "attention_backend": r.backend.name,
+                "sparse_attention": r.backend.sparse,
+                "engine_start_s": r.start_s,
+                "generate_s": r.generate_s,
+                "page_counters": r.page_counters,
+            }
             for r in result.runs
-        ],  # fmt: skip
+        ],
         "accuracy": [
             {"backend": b, "task": t, "context": c, "accuracy": round(m, 4), "n": n}
             for (b, t, c), (m, n) in sorted(table.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0]))

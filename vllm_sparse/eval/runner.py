@@ -97,7 +97,10 @@ def default_backends(
     out = [Backend(dense or dense_backend_name(), dense or dense_backend_name())]
     for m in methods:
         for b in budgets:
-            cfg = {**(extra or {}), "budget": {**(extra or {}).get("budget", {}), "fraction": b, "min_tokens": min_tokens}}
+            cfg = {
+                **(extra or {}),
+                "budget": {**(extra or {}).get("budget", {}), "fraction": b, "min_tokens": min_tokens},
+            }
             out.append(Backend(f"sparse_{m}@{b:g}", f"sparse_{m}", cfg))
     return out
 
@@ -150,7 +153,7 @@ def _check_spawn_guard() -> None:
     if multiprocessing.parent_process() is not None and getattr(main, "__name__", "") == "__mp_main__":
         raise RuntimeError(
             "run_eval was called while a spawned process re-imported your script. vLLM starts its engine "
-            "with spawn: call run_eval under `if __name__ == \"__main__\":`."
+            'with spawn: call run_eval under `if __name__ == "__main__":`.'
         )
 
 

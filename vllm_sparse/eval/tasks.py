@@ -290,7 +290,11 @@ def _word_pool(hay: Haystack) -> list[str]:
 
 
 def cwe(tokenizer, rng, target, depth, hay, common: int = 10, freq_common: int = 30, freq_rare: int = 3) -> Built:
-    """Common-words extraction: ``common`` words appear ``freq_common`` times, the others ``freq_rare`` times."""
+    """Common-words extraction: ``common`` words appear ``freq_common`` times, the others ``freq_rare`` times.
+
+    In short contexts ``freq_common`` is lowered (down to ``freq_rare + 2``) until the common words take at most
+    half of the prompt.
+    """
     pool = _word_pool(hay)
     words = rng.sample(pool, min(len(pool), 4000))
     top, rare_all = words[:common], words[common:]
@@ -299,22 +303,26 @@ def cwe(tokenizer, rng, target, depth, hay, common: int = 10, freq_common: int =
     prefix = f"The {common} words that appear most often in the list are:"
     intro = "Below is a numbered list of words. Memorize the ones that appear most often.\n"
 
-    def make(n_rare: int) -> str:
-        items = top * freq_common + rare_all[:n_rare] * freq_rare
+    def make(n_rare: int, freq: int) -> str:
+        items = top * freq + rare_all[:n_rare] * freq_rare
         random.Random(order_seed).shuffle(items)
         listing = " ".join(f"{i + 1}. {w}" for i, w in enumerate(items))
         return render(tokenizer, f"{intro}{listing}\n{question}", prefix)
 
-    base = count_tokens(tokenizer, make(0))
+    freq = freq_common
+    while freq > freq_rare + 2 and count_tokens(tokenizer, make(0, freq)) > target // 2:
+        freq -= 1
+    base = count_tokens(tokenizer, make(0, freq))
     if base > target:
-        raise ValueError(f"cwe needs more than {target} prompt tokens (the common words alone take {base})")
+        raise ValueError(f"cwe cannot hold its common words in {target} prompt tokens (they take {base})")
     probe = min(100, len(rare_all))
-    per = max(1.0, (count_tokens(tokenizer, make(probe)) - base) / max(1, probe))
+    per = max(1.0, (count_tokens(tokenizer, make(probe, freq)) - base) / max(1, probe))
     n = min(len(rare_all), int((target - base) / per))
-    while n > 0 and count_tokens(tokenizer, make(n)) > target:
+    while n > 0 and count_tokens(tokenizer, make(n, freq)) > target:
         n -= max(1, n // 50)
-    prompt = make(n)
-    return Built(prompt, count_tokens(tokenizer, prompt), tuple(top), hay.source, {"rare_words": n})
+    prompt = make(n, freq)
+    meta = {"rare_words": n, "freq_common": freq, "freq_rare": freq_rare}
+    return Built(prompt, count_tokens(tokenizer, prompt), tuple(top), hay.source, meta)
 
 
 @dataclass(frozen=True)
@@ -366,7 +374,18 @@ def make_samples(
         depth = float(depths[slot]) if spec.uses_depth else None
         built = spec.build(tokenizer, random.Random(s), target, depth if depth is not None else 0.0, hay)
         out.append(
-            Sample(task, context, i, s, depth, built.prompt, built.prompt_tokens, built.expected,
-                   spec.max_tokens, built.haystack, built.meta)  # fmt: skip
+            Sample(
+                task,
+                context,
+                i,
+                s,
+                depth,
+                built.prompt,
+                built.prompt_tokens,
+                built.expected,
+                spec.max_tokens,
+                built.haystack,
+                built.meta,
+            )
         )
     return out

@@ -48,10 +48,21 @@ def group_query(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 def score_pages(qbar: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Page scores ``[Hkv, P]`` from grouped queries ``[Hkv, n, D]`` and keys ``[Hkv, P, N, D]``."""
-    h, p, n, d = keys.shape
-    unit_k = torch.nn.functional.normalize(keys.float(), dim=-1).reshape(h, p * n, d)
-    cos = torch.bmm(qbar, unit_k.transpose(1, 2))  # [Hkv, nq, P*N]
-    return cos.amax(dim=1).view(h, p, n).amax(dim=2)
+    # Work on the channel-major view [Hkv, P, D, N]: that is how the CPU cache stores K (so the
+    # gathered keys are contiguous this way round), and it avoids materialising unit keys.
+    kt = keys.transpose(-1, -2).float()
+    inv_norm = kt.pow(2).sum(dim=-2).clamp_min(1e-24).rsqrt()  # [Hkv, P, N]
+    dots = torch.matmul(qbar[:, None], kt)  # [Hkv, P, nq, N]
+    return (dots.amax(dim=2) * inv_norm).amax(dim=-1)
+
+
+def _score(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Page scores ``[Hkv, P]``: the Triton kernel on CUDA (keys read in place), the torch twin elsewhere."""
+    if qbar.is_cuda and page_keys.stride(-1) == 1:
+        from vllm_sparse.kernels.quoka_score import score_pages_triton
+
+        return score_pages_triton(qbar, page_keys, ids.contiguous())
+    return score_pages(qbar, page_keys[ids])
 
 
 class QuokaSelector:
@@ -76,7 +87,7 @@ class QuokaSelector:
             q = query[req.query_start : req.query_start + req.query_len].float()
             qbar = group_query(subselect_queries(q, self.num_queries), hkv)
             ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
-            scores = score_pages(qbar, page_keys[ids])  # [Hkv, P]
+            scores = _score(qbar, page_keys, ids)  # [Hkv, P]
             forced = req.forced[req.forced < req.num_past_pages].to(scores.device)
             scores[:, forced] = float("-inf")
             top = torch.topk(scores, req.num_select, dim=1).indices
