@@ -48,12 +48,13 @@ def group_query(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 def score_pages(qbar: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Page scores ``[Hkv, P]`` from grouped queries ``[Hkv, n, D]`` and keys ``[Hkv, P, N, D]``."""
-    # Work on the channel-major view [Hkv, P, D, N]: that is how the CPU cache stores K (so the
-    # gathered keys are contiguous this way round), and it avoids materialising unit keys.
-    kt = keys.transpose(-1, -2).float()
-    inv_norm = kt.pow(2).sum(dim=-2).clamp_min(1e-24).rsqrt()  # [Hkv, P, N]
-    dots = torch.matmul(qbar[:, None], kt)  # [Hkv, P, nq, N]
-    return (dots.amax(dim=2) * inv_norm).amax(dim=-1)
+    # Channel-major keys [Hkv, D, P*N] (how the CPU cache stores K) make one GEMM per KV head
+    # instead of one per page, and the unit keys are never materialised: cos = (q . k) / |k|.
+    h, p, n, d = keys.shape
+    kt = keys.permute(0, 3, 1, 2).reshape(h, d, p * n).float()
+    inv_norm = kt.pow(2).sum(dim=1).clamp_min(1e-24).rsqrt()  # [Hkv, P*N]
+    dots = torch.bmm(qbar, kt)  # [Hkv, nq, P*N]
+    return (dots.amax(dim=1) * inv_norm).view(h, p, n).amax(dim=-1)
 
 
 def _score(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
