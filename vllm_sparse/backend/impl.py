@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from vllm.config import get_current_vllm_config
 from vllm.model_executor.models.utils import extract_layer_index
@@ -11,7 +13,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 from vllm_sparse import stats
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
-from vllm_sparse.executors import get_executor
+from vllm_sparse.executors import get_executor, reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
 from vllm_sparse.metadata import get_kv_writer
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
@@ -19,6 +21,9 @@ from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
+
+
+logger = logging.getLogger("vllm_sparse")
 
 
 class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
@@ -69,11 +74,20 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.layer_idx: int | None = None
 
     def _pick_executor(self, device_type: str):
-        """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's."""
-        if self.config.executor == "auto" and device_type == "cpu" and self.head_size % 32 == 0:
+        """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's.
+
+        The FlashInfer executor plans fixed page counts per row; Twilight's top-p rows vary, so on
+        GPUs it runs the torch reference executor (correct, slow) until the plan honours counts.
+        """
+        if self.config.executor == "reference":
+            return reference_executor
+        if device_type == "cpu" and self.head_size % 32 == 0:
             from vllm_sparse.backend.cpu_attn_executor import CpuAttnExecutor
 
             return CpuAttnExecutor()
+        if device_type == "cuda" and self.method == "twilight":
+            logger.warning("vllm-sparse: sparse_twilight runs the torch reference executor on GPUs for now")
+            return reference_executor
         return get_executor(device_type)
 
     def _layout(self, kv_cache: torch.Tensor) -> PageLayout:
