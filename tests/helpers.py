@@ -202,3 +202,24 @@ def random_selection(plan, hkv: int, g: torch.Generator, pad: int = 2) -> tuple[
             counts[row] = req.num_select
             chosen[row] = set(pick)
     return Selection(indices, counts), chosen
+
+
+def plant_aligned_keys(kv_cache, layout, block_table, req, hkv: int, group: int, d: int, seed: int = 12):
+    """Queries leaning towards one random direction per KV head, and one key per head, 10x along
+    that direction, planted in a different non-forced past page per head.
+
+    Returns ``(query [query_len, hkv * group, d], direction [hkv, d], planted {head: (page, block)})``.
+    """
+    g = gen(seed)
+    direction = randn(hkv, d, g=g)
+    query = 0.5 * randn(req.query_len, hkv * group, d, g=g)
+    for kh in range(hkv):
+        query[:, kh * group : (kh + 1) * group] += direction[kh]
+    forced = set(req.forced.tolist())
+    free = [pg for pg in range(req.num_past_pages) if pg not in forced]
+    planted = {}
+    for kh, pg in {0: free[len(free) // 3], 1: free[2 * len(free) // 3]}.items():
+        block = int(block_table[0, pg])
+        layout.keys(kv_cache)[block, kh, 2] = 10 * direction[kh]
+        planted[kh] = (pg, block)
+    return query, direction, planted

@@ -10,6 +10,7 @@ import torch
 from helpers import (
     gen,
     make_paged_batch,
+    plant_aligned_keys,
     query_start_loc,
     randn,
     single_thread,  # noqa: F401  (autouse fixture: one torch thread)
@@ -191,19 +192,13 @@ def test_planted_key_page_is_selected(rule, query_len):
     plan = plan_step(sparse_policy(fraction=0.08), n, [0, query_len], [seq])
     req = plan.requests[0]
     assert req.sparse and req.num_select >= 1
-    g = gen(12)
-    direction = randn(hkv, d, g=g)
-    query = 0.5 * randn(query_len, hkv * group, d, g=g)
-    for kh in range(hkv):
-        query[:, kh * group : (kh + 1) * group] += direction[kh]
-    forced = set(req.forced.tolist())
-    free = [pg for pg in range(req.num_past_pages) if pg not in forced]
-    planted = {0: free[len(free) // 3], 1: free[2 * len(free) // 3]}
-    for kh, pg in planted.items():
-        block = int(batch.block_table[0, pg])
-        layout.keys(batch.kv_cache)[block, kh, 2] = 10 * direction[kh]
+    query, direction, planted = plant_aligned_keys(
+        batch.kv_cache, layout, batch.block_table, req, hkv, group, d
+    )
+    for kh, (_, block) in planted.items():  # keep the page bounds true to the planted keys
         meta.kmax[block, kh] = torch.maximum(meta.kmax[block, kh], 10 * direction[kh])
         meta.kmin[block, kh] = torch.minimum(meta.kmin[block, kh], 10 * direction[kh])
+    planted = {kh: pg for kh, (pg, _) in planted.items()}
     sel = QuestSelector(rule)(query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
     for kh, pg in planted.items():
         assert pg in sel.indices[kh, : sel.counts[kh]].tolist(), (kh, pg)

@@ -48,6 +48,21 @@ class RequestPlan:
         """Pages a dense backend would attend per KV head."""
         return -(-self.seq_len // self.page_size)
 
+    def forced_on(self, device: torch.device) -> torch.Tensor:
+        """``forced`` on ``device``: copied once per step, then shared by every layer."""
+        return self._on(device, "forced", lambda: self.forced)
+
+    def forced_past_on(self, device: torch.device) -> torch.Tensor:
+        """The forced pages among the past pages (sink, local window) on ``device``: ``int64 [F']``."""
+        return self._on(device, "forced_past", lambda: self.forced[self.forced < self.num_past_pages])
+
+    def _on(self, device: torch.device, name: str, make) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_device_copies", {})  # frozen dataclass: cache beside the fields
+        key = (name, str(device))
+        if key not in cache:
+            cache[key] = make().to(device)
+        return cache[key]
+
     page_size: int = 16
 
 

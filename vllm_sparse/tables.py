@@ -44,7 +44,7 @@ def logical_rows(plan: StepPlan, selection: Selection, request: int, num_kv_head
     padding, equal to ``total_pages`` (past every real page). Computed on the device, no sync.
     """
     req = plan.requests[request]
-    forced = req.forced.to(selection.indices.device)[None, :].expand(num_kv_heads, -1)
+    forced = req.forced_on(selection.indices.device)[None, :].expand(num_kv_heads, -1)
     if req.num_select == 0:
         return forced
     rows = slice(request * num_kv_heads, (request + 1) * num_kv_heads)

@@ -68,4 +68,4 @@ def past_page_ids(block_table: torch.Tensor, request: int, num_past: int, layout
 
 def forced_past(req, device: torch.device) -> torch.Tensor:
     """Forced pages among a request's past pages (sink, local window): ``int64 [F']``."""
-    return req.forced[req.forced < req.num_past_pages].to(device)
+    return req.forced_past_on(device)

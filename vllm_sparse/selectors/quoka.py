@@ -20,7 +20,7 @@ import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, empty_selection, past_page_ids
+from vllm_sparse.selectors.base import Selection, empty_selection, forced_past, past_page_ids
 
 
 def subselect_queries(q: torch.Tensor, num_queries: int) -> torch.Tensor:
@@ -89,7 +89,7 @@ class QuokaSelector:
             qbar = group_query(subselect_queries(q, self.num_queries), hkv)
             ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
             scores = _score(qbar, page_keys, ids)  # [Hkv, P]
-            forced = req.forced[req.forced < req.num_past_pages].to(scores.device)
+            forced = forced_past(req, scores.device)
             scores[:, forced] = float("-inf")
             top = torch.topk(scores, req.num_select, dim=1).indices
             rows = slice(r * hkv, (r + 1) * hkv)
