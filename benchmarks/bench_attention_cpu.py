@@ -7,6 +7,13 @@ shapes by default (14 query heads, 2 KV heads, d=64), bf16, 32-token pages. Dens
 ``cpu_attention_with_kv_cache`` over the request's block table with all KV heads (what CPU_ATTN
 runs). Sparse is selection (QuoKA scoring + top-k) + page tables + the same kernel over
 per-(request, KV head) page rows. Median of ``--reps`` after one warm-up.
+
+Selection is timed twice, on the native CPU kernels (``vllm_sparse/csrc``, the default when they
+build) and on the torch path (``cpu_native.torch_path()``): ``select_*`` is the whole selector
+(query subselection, grouping, scoring, top-k), ``score_topk_*`` the scoring + masked top-k stage
+alone (torch twin ``score_pages`` + ``torch.topk`` against ``quoka_score_topk``). Sparse totals use
+the native selection. ``--selection-only`` skips dense and sparse attention (quick, e.g. for
+Llama-8B shapes). The JSON records the load average at start and end: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -25,13 +32,25 @@ from vllm import _custom_ops as ops
 
 from vllm_sparse.backend.cpu_attn_executor import ISA, CpuAttnExecutor
 from vllm_sparse.config import Budget, LayerPolicy
+from vllm_sparse.kernels import cpu_native
 from vllm_sparse.layout import PageLayout
 from vllm_sparse.policy import plan_step
-from vllm_sparse.selectors.quoka import QuokaSelector
+from vllm_sparse.selectors.base import forced_past, past_page_ids
+from vllm_sparse.selectors.quoka import QuokaSelector, group_query, score_pages, subselect_queries
 from vllm_sparse.tables import build_page_tables
 
-sys.path.insert(0, str(Path(__file__).parent))
-from passkey_cpu import cpu_model  # noqa: E402
+
+def cpu_model() -> str:
+    """The ``model name`` line of /proc/cpuinfo (else the platform's processor string)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor()
 
 
 def timed(fn, reps: int) -> float:
@@ -44,7 +63,8 @@ def timed(fn, reps: int) -> float:
     return statistics.median(out) * 1e3
 
 
-def bench_case(ctx: int, chunk: int, fraction: float, hq: int, hkv: int, d: int, n: int, reps: int) -> dict:
+def bench_case(ctx: int, chunk: int, fraction: float, hq: int, hkv: int, d: int, n: int, reps: int,
+               selection_only: bool = False) -> dict:
     g = torch.Generator().manual_seed(ctx + chunk)
     dtype = torch.bfloat16
     num_pages = -(-ctx // n)
@@ -82,20 +102,56 @@ def bench_case(ctx: int, chunk: int, fraction: float, hq: int, hkv: int, d: int,
     def select():
         state["sel"] = selector(query, pk, block_table, layout, plan)
 
+    def select_torch():
+        with cpu_native.torch_path():
+            select()
+
     def tables():
         state["tab"] = build_page_tables(plan, state["sel"], block_table, layout)
 
     def attend():
         executor(query, pk, pv, state["tab"], plan, scale, out)
 
+    # the scoring + top-k stage alone, both ways, on the selector's own inputs
+    req = plan.requests[0]
+    score_topk = {}
+    if req.sparse and req.num_select:
+        qbar = group_query(subselect_queries(query[: req.query_len], selector.num_queries).float(), hkv)
+        ids = past_page_ids(block_table, 0, req.num_past_pages, layout)
+        forced, k = forced_past(req, ids.device), req.num_select
+
+        def st_torch():
+            s = score_pages(qbar, pk[ids])
+            s[:, forced] = float("-inf")
+            state["top_torch"] = torch.topk(s, k, dim=1).indices
+
+        def st_native():
+            state["top_native"] = cpu_native.quoka_score_topk(qbar, pk, ids, forced, k)
+
+        score_topk["score_topk_torch_ms"] = timed(st_torch, reps)
+        if cpu_native.available():
+            score_topk["score_topk_native_ms"] = timed(st_native, reps)
+            top_t = state["top_torch"]
+            same = [len(set(a.tolist()) & set(b.tolist())) for a, b in zip(top_t, state["top_native"])]
+            score_topk["native_same_pages"] = sum(same) / (k * hkv)  # < 1 only through near-ties
+            score_topk["score_topk_speedup"] = score_topk["score_topk_torch_ms"] / score_topk["score_topk_native_ms"]
+
+    t_sel_torch = timed(select_torch, reps)
+    t_sel = timed(select, reps) if cpu_native.available() else t_sel_torch
+    row = {
+        "context": ctx, "chunk": chunk, "budget_fraction": fraction, "num_past_pages": req.num_past_pages,
+        "num_select": req.num_select, "select_ms": t_sel, "select_torch_ms": t_sel_torch, **score_topk,
+    }
+    if selection_only:
+        return row
     t_dense = timed(dense, reps)
-    t_sel, t_tab, t_att = timed(select, reps), timed(tables, reps), timed(attend, reps)
+    t_tab, t_att = timed(tables, reps), timed(attend, reps)
     sparse = t_sel + t_tab + t_att
     attended = state["tab"].attended_pages / (hkv * plan.requests[0].total_pages)
     return {
-        "context": ctx, "chunk": chunk, "budget_fraction": fraction, "dense_ms": t_dense,
-        "sparse_ms": sparse, "select_ms": t_sel, "tables_ms": t_tab, "attention_ms": t_att,
-        "attended_share": attended, "speedup_total": t_dense / sparse, "speedup_attention": t_dense / t_att,
+        **row, "dense_ms": t_dense, "sparse_ms": sparse, "sparse_torch_select_ms": t_sel_torch + t_tab + t_att,
+        "tables_ms": t_tab, "attention_ms": t_att, "attended_share": attended,
+        "speedup_total": t_dense / sparse, "speedup_attention": t_dense / t_att,
         "selection_share": (t_sel + t_tab) / sparse,
     }
 
@@ -108,25 +164,35 @@ def main() -> None:
     p.add_argument("--shape", default="qwen0.5b", choices=["qwen0.5b", "llama8b"])
     p.add_argument("--page", type=int, default=32)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--selection-only", action="store_true", help="time selection only (no dense, no attention)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    load_start = os.getloadavg()
     hq, hkv, d = {"qwen0.5b": (14, 2, 64), "llama8b": (32, 8, 128)}[args.shape]
     torch.set_num_threads(os.cpu_count() or 1)
+    native = cpu_native.available()  # builds the library first if needed (not timed)
     cases = [(c, k, b) for c in args.contexts for k in args.chunks for b in args.budgets]
     rows = []
     for ctx, chunk, frac in tqdm(cases, desc="cases"):
-        r = bench_case(ctx, chunk, frac, hq, hkv, d, args.page, args.reps)
+        r = bench_case(ctx, chunk, frac, hq, hkv, d, args.page, args.reps, args.selection_only)
         rows.append(r)
-        tqdm.write(
-            f"ctx {ctx:6d} chunk {chunk:5d} budget {frac:.3f}: dense {r['dense_ms']:8.2f} ms  sparse "
-            f"{r['sparse_ms']:8.2f} (select {r['select_ms']:.2f} tables {r['tables_ms']:.2f} attn "
-            f"{r['attention_ms']:.2f})  x{r['speedup_total']:.2f}"
-        )
+        st = (f"score+topk torch {r['score_topk_torch_ms']:.2f} native {r.get('score_topk_native_ms', float('nan')):.2f}"
+              if "score_topk_torch_ms" in r else "no sparse selection")
+        msg = (f"ctx {ctx:6d} chunk {chunk:5d} budget {frac:.3f}: select torch {r['select_torch_ms']:.2f} "
+               f"native {r['select_ms']:.2f} ({st})")
+        if not args.selection_only:
+            msg += (f"  dense {r['dense_ms']:.2f} sparse {r['sparse_ms']:.2f} (tables {r['tables_ms']:.2f} "
+                    f"attn {r['attention_ms']:.2f}) x{r['speedup_total']:.2f}")
+        tqdm.write(msg)
+    ops_ns = cpu_native.load()
     out = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads()},
+        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg()},
         "shape": {"name": args.shape, "q_heads": hq, "kv_heads": hkv, "head_dim": d, "page": args.page,
                   "dtype": "bfloat16", "isa": ISA},
+        "native": {"available": native, "avx512": bool(ops_ns.has_avx512()) if ops_ns is not None else None,
+                   "reason": cpu_native._state.get("reason")},
         "versions": {"torch": torch.__version__},
         "rows": rows,
     }

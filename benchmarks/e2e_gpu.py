@@ -395,25 +395,28 @@ def perf(args) -> dict:
         "prefix_caching": False,
         "gpu_memory_utilization": 0.85,
         "mode": "compile" if args.compile else "eager",
+        "tpot_all": args.tpot_all,
     }
-    specs = [
-        {
-            **common,
-            "name": f"perf_{b.lower()}",
-            "backend": b,
-            **({"additional_config": PERF_BUDGET} if "sparse" in b else {}),
-        }
-        for b in args.backends.split(",")
-    ]
+    specs = []
+    for label in args.backends.split(","):  # "sparse_quoka+dense_decode": sparse prefill, dense decode
+        b, _, variant = label.partition("+")
+        extra = {}
+        if "sparse" in b:
+            cfg = {**PERF_BUDGET["sparse_attention"]}
+            if variant == "dense_decode":
+                cfg["sparse_decode"] = False
+            extra = {"additional_config": {"sparse_attention": cfg}}
+        specs.append({**common, "name": f"perf_{label.lower().replace('+', '_')}", "backend": b, "label": label, **extra})
     results = run_specs(specs, out, False, args.deadline_at)
     table = []
     for ctx in contexts:
         row = {"context": ctx}
         for r in results.values():
             if r.get("ok"):
-                row[f"{r['spec']['backend']} ttft_s"] = round(r["ttft"][str(ctx)]["median_s"], 3)
+                label = r["spec"].get("label", r["spec"]["backend"])
+                row[f"{label} ttft_s"] = round(r["ttft"][str(ctx)]["median_s"], 3)
                 if str(ctx) in r["tpot"]:
-                    row[f"{r['spec']['backend']} tpot_ms"] = round(r["tpot"][str(ctx)]["ms"], 2)
+                    row[f"{label} tpot_ms"] = round(r["tpot"][str(ctx)]["ms"], 2)
         table.append(row)
     return {"table": table, "runs": results}
 
@@ -460,6 +463,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quoka")
     ap.add_argument("--compile", action="store_true", help="perf: vLLM's default compile mode instead of eager")
+    ap.add_argument("--tpot-all", action="store_true", help="perf: TPOT at every context (default: the first)")
     ap.add_argument("--deadline", type=float, default=3600.0, help="seconds; engines still running are killed")
     args = ap.parse_args()
     args.deadline_at = time.monotonic() + args.deadline

@@ -27,6 +27,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 from helpers import gen, randn, single_thread  # noqa: F401  (autouse fixture)
 
 from vllm_sparse.kernels.kv_write import write_kv_triton
+from vllm_sparse.kernels.quoka_query import query_mean_similarity_triton
 from vllm_sparse.kernels.quoka_score import score_pages_triton
 from vllm_sparse.layout import PageLayout
 from vllm_sparse.metadata.writer import write_kv_reference
@@ -114,3 +115,21 @@ def test_score_pages_ranks_like_reference():
     want = score_pages(qbar, layout.page_keys(cache)[ids]).topk(6, dim=1).indices.sort(dim=1).values
     got = score_pages_triton(qbar.to(DEVICE), _on(cache, layout), ids.to(DEVICE))
     assert torch.equal(got.cpu().topk(6, dim=1).indices.sort(dim=1).values, want)
+
+
+@in_process
+@pytest.mark.parametrize("chunk", [1, 37, 130])
+@pytest.mark.parametrize("head_size", [64, 80])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_query_mean_similarity_matches_reference(chunk, head_size, dtype):
+    from vllm_sparse.selectors.quoka import query_mean_similarity
+
+    g = gen(chunk + head_size)
+    hq = 3
+    qkv = randn(chunk, hq + 2, head_size, g=g).to(dtype).to(DEVICE)
+    q = qkv[:, :hq]  # a strided view, as vLLM's split of the fused QKV gives
+    mean = q.float().mean(dim=0)
+    got = query_mean_similarity_triton(q, mean)
+    want = query_mean_similarity(q.cpu(), mean.cpu())
+    assert got.shape == (hq, chunk)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)

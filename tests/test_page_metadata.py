@@ -130,7 +130,10 @@ def test_int4_roundtrip_error_and_packing(dtype):
 class Sim:
     """A paged cache written step by step like vLLM does, with a record of what each block holds."""
 
-    def __init__(self, order, hkv, n, d, dtype, num_blocks, seed):
+    def __init__(self, order, hkv, n, d, dtype, num_blocks, seed, writers=None):
+        """``writers``: ``(minmax, int4)`` metadata writers (default: the torch ones); the Triton
+        variants are run through this same simulation in tests/test_kernels_triton_quest_twilight.py."""
+        self.write_minmax, self.write_int4 = writers or (write_page_minmax, write_int4_shadow)
         self.g = gen(seed)
         self.hkv, self.n, self.d, self.dtype, self.order = hkv, n, d, dtype, order
         self.planes = MetaPlanes.for_method("twilight", hkv, n, d, dtype)
@@ -156,8 +159,8 @@ class Sim:
             slot_mapping[perm[i]] = s
             kk[perm[i]], vv[perm[i]] = k[i], v[i]
         write_kv_reference(self.layout, self.cache, kk, vv, slot_mapping)
-        write_page_minmax(self.layout, self.cache, self.meta, slot_mapping)
-        write_int4_shadow(self.meta, kk, slot_mapping, self.n, self.dtype)
+        self.write_minmax(self.layout, self.cache, self.meta, slot_mapping)
+        self.write_int4(self.meta, kk, slot_mapping, self.n, self.dtype)
         for b, offs in writes:
             if 0 in offs:
                 self.fill[b] = 0  # a new owner starts the page
@@ -180,7 +183,12 @@ class Sim:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hkv,n,d", [(2, 8, 16), (1, 4, 8), (3, 16, 8)])
 def test_metadata_through_block_reuse(order, dtype, hkv, n, d):
-    sim = Sim(order, hkv, n, d, dtype, num_blocks=6, seed=n + 10 * hkv + (order == "planes"))
+    run_block_reuse(Sim(order, hkv, n, d, dtype, num_blocks=6, seed=n + 10 * hkv + (order == "planes")))
+
+
+def run_block_reuse(sim: Sim) -> None:
+    """Prefill, decode, reuse, partial rewrite and recompute steps, checked after each."""
+    n, hkv, order = sim.n, sim.hkv, sim.order
     full = list(range(n))
     half = n // 2
     # request A: a prefill chunk over blocks 2, 4 (full) and 1 (partial), then decode steps

@@ -212,3 +212,65 @@ def test_quest_needs_metadata_and_make_selector():
     plan = plan_step(sparse_policy(), 4, [0, 1], [100])
     with pytest.raises(ValueError, match="min/max"):
         s(torch.ones(1, 2, 8), layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode batching: the step's decode requests scored together == one request at a time
+# ---------------------------------------------------------------------------------------------
+
+# decode requests of different lengths, a prefill chunk, a dense decode (too short) and a dense chunk
+MIXED = [(1, 97), (13, 120), (1, 83), (1, 9), (1, 150), (9, 9), (1, 61), (1, 130)]
+
+
+def assert_same_selection(got, want):
+    assert torch.equal(got.counts, want.counts)
+    for row in range(want.counts.numel()):
+        k = int(want.counts[row])
+        assert set(got.indices[row, :k].tolist()) == set(want.indices[row, :k].tolist()), row
+        assert len(set(got.indices[row, :k].tolist())) == k, row
+
+
+def mixed_step(hkv, group, seed, dtype=torch.float32, order="planes", n=4, d=8, reqs=MIXED):
+    seq_lens = [s for _, s in reqs]
+    batch, layout, meta = paged_batch_with_meta(seq_lens, hkv, n, d, order, dtype, seed)
+    qsl = query_start_loc([ql for ql, _ in reqs])
+    plan = plan_step(sparse_policy(), n, qsl, seq_lens)
+    query = randn(qsl[-1], hkv * group, d, g=gen(seed + 1), dtype=dtype)
+    return (query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
+
+
+@pytest.mark.parametrize("rule", ["max", "sum", "union"])
+@pytest.mark.parametrize("hkv,group", [(2, 2), (1, 3), (2, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_batch_selects_like_per_request(rule, hkv, group, dtype, monkeypatch):
+    from vllm_sparse.selectors import quest
+
+    args = mixed_step(hkv, group, seed=hkv + 3 * group + (dtype == torch.bfloat16), dtype=dtype)
+    plan = args[4]
+    decodes = [r.sparse and r.query_len == 1 for r in plan.requests]
+    assert sum(decodes) >= 4 and len({r.num_past_pages for r in plan.requests if r.sparse}) > 3
+    assert any(r.sparse and r.query_len > 1 for r in plan.requests) and not all(r.sparse for r in plan.requests)
+    want = QuestSelector(rule, batch_decode=False)(*args)
+    calls = []
+    per_request = quest._bounds
+    monkeypatch.setattr(quest, "_bounds", lambda q, m, b: calls.append(q.shape[0]) or per_request(q, m, b))
+    got = QuestSelector(rule)(*args)
+    assert calls == [13]  # only the prefill chunk went one request at a time
+    assert_same_selection(got, want)
+    got_again = QuestSelector(rule)(*args)  # the per-step batch cached on the plan
+    assert_same_selection(got_again, want)
+
+
+def test_decode_bounds_rows_match_per_request_twin():
+    from vllm_sparse.selectors.quest import page_upper_bounds_rows
+
+    gg = gen(21)
+    hkv, group, d, nb = 2, 3, 8, 30
+    a, b = randn(nb, hkv, d, g=gg), randn(nb, hkv, d, g=gg)
+    kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
+    q = randn(4, hkv * group, d, g=gg)
+    blocks = torch.stack([torch.randperm(nb, generator=gg)[:11] for _ in range(4)])
+    got = page_upper_bounds_rows(q, kmin, kmax, blocks)
+    for s in range(4):
+        want = page_upper_bounds(q[s : s + 1], kmin[blocks[s]].transpose(0, 1), kmax[blocks[s]].transpose(0, 1))
+        torch.testing.assert_close(got[s * hkv : (s + 1) * hkv], want)

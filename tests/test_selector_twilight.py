@@ -246,16 +246,25 @@ def test_variable_counts_through_tables_and_executor(group):
 
 
 @pytest.mark.parametrize("cap", [0.05, 0.1, 0.25, 0.9])
-def test_policy_caps_selection_at_the_candidate_fraction(cap):
+@pytest.mark.parametrize("max_tokens", [None, 256])
+def test_policy_candidates_are_the_candidate_fraction(cap, max_tokens):
+    """Twilight's candidates are ``candidate_fraction`` of the context (clamped by the budget's
+    max_tokens), whatever the budget's fraction (which only decides sparse vs dense)."""
     n = 16
-    base = sparse_policy(fraction=0.5, sink=16, local=32)
-    capped = sparse_policy(fraction=0.5, sink=16, local=32, cap=cap)
+
+    def policy(c):
+        return LayerPolicy(False, Budget(fraction=0.125, min_tokens=0, max_tokens=max_tokens), 16, 32, 0, c)
+
     for ql, seq in [(1, 1000), (100, 2100), (37, 4000)]:
-        a, b = plan_request(base, n, 0, ql, seq), plan_request(capped, n, 0, ql, seq)
+        a, b = plan_request(policy(None), n, 0, ql, seq), plan_request(policy(cap), n, 0, ql, seq)
         assert a.sparse == b.sparse and torch.equal(a.forced, b.forced)
         forced_past = int((a.forced < a.num_past_pages).sum())
-        want = min(a.num_select, max(0, math.ceil(int(cap * a.context_len) / n) - forced_past))
-        assert b.num_select == want
+        selectable = a.num_past_pages - forced_past
+        tokens = int(cap * a.context_len) if max_tokens is None else min(int(cap * a.context_len), max_tokens)
+        assert b.num_select == min(selectable, max(0, math.ceil(tokens / n) - forced_past))
+    if max_tokens is None:  # 25% candidates exceed a 12.5% budget
+        big = plan_request(policy(0.25), n, 0, 1, 8001)
+        assert big.num_select > plan_request(policy(None), n, 0, 1, 8001).num_select
 
 
 def test_twilight_config_sets_the_cap_and_full_budget_stays_dense():
@@ -264,3 +273,92 @@ def test_twilight_config_sets_the_cap_and_full_budget_stays_dense():
     assert SparseConfig(method="quest").for_layer(1).select_fraction is None
     full = SparseConfig(method="twilight", budget={"fraction": 1.0, "min_tokens": 0}, dense_layers=[], dense_below_tokens=0)
     assert not plan_request(full.for_layer(0), 16, 0, 1, 3000).sparse
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode batching: the step's decode requests estimated together == one request at a time
+# ---------------------------------------------------------------------------------------------
+
+# decode requests of different lengths, a prefill chunk, a dense decode (too short) and a dense chunk
+MIXED = [(1, 97), (13, 120), (1, 83), (1, 9), (1, 150), (9, 9), (1, 61), (1, 130)]
+
+
+def assert_same_selection(got, want):
+    assert torch.equal(got.counts, want.counts)
+    for row in range(want.counts.numel()):
+        k = int(want.counts[row])
+        assert set(got.indices[row, :k].tolist()) == set(want.indices[row, :k].tolist()), row
+        assert len(set(got.indices[row, :k].tolist())) == k, row
+
+
+def mixed_step(hkv, group, seed, order="planes", n=4, d=16, reqs=MIXED):
+    seq_lens = [s for _, s in reqs]
+    batch, layout, meta = paged_batch_with_meta(seq_lens, hkv, n, d, order, seed=seed)
+    qsl = query_start_loc([ql for ql, _ in reqs])
+    plan = plan_step(sparse_policy(), n, qsl, seq_lens)
+    query = randn(qsl[-1], hkv * group, d, g=gen(seed + 1)) * 3  # peaked: top-p keeps few pages
+    return (query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
+
+
+@pytest.mark.parametrize("rule", ["max", "sum", "union"])
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+@pytest.mark.parametrize("hkv,group", [(2, 2), (1, 3)])
+def test_decode_batch_selects_like_per_request(rule, top_p, hkv, group, monkeypatch):
+    from vllm_sparse.selectors import twilight
+
+    args = mixed_step(hkv, group, seed=hkv + 5 * group + int(10 * top_p))
+    plan = args[4]
+    assert sum(r.sparse and r.query_len == 1 for r in plan.requests) >= 4
+    assert any(r.sparse and r.query_len > 1 for r in plan.requests) and not all(r.sparse for r in plan.requests)
+    want = TwilightSelector(QuestSelector(rule, batch_decode=False), top_p, batch_decode=False)(*args)
+    calls = []
+    per_request = twilight._page_mass
+    monkeypatch.setattr(twilight, "_page_mass", lambda q, *a: calls.append(q.shape[0]) or per_request(q, *a))
+    got = TwilightSelector(QuestSelector(rule), top_p)(*args)
+    assert calls == [13]  # only the prefill chunk went one request at a time
+    assert_same_selection(got, want)
+    sparse_rows = [r * hkv + h for r, q in enumerate(plan.requests) if q.sparse for h in range(hkv)]
+    assert len(set(got.counts[sparse_rows].tolist())) > 2  # variable counts
+    k = {r * hkv + h: q.num_select for r, q in enumerate(plan.requests) for h in range(hkv)}
+    cand = QuestSelector(rule)(*args)
+    for row in sparse_rows:  # the first num_select entries stay a permutation of the candidates
+        assert set(got.indices[row, : k[row]].tolist()) == set(cand.indices[row, : k[row]].tolist())
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+def test_decode_batch_with_given_candidates(top_p):
+    """Padding candidates of the base (out-of-range page numbers past each row's count) are ignored."""
+    hkv, group = 2, 2
+    args = mixed_step(hkv, group, seed=31)
+    plan = args[4]
+    g = gen(32)
+    picks = {}
+    for r, req in enumerate(plan.requests):
+        if req.sparse:
+            free = [p for p in range(req.num_past_pages) if p not in set(req.forced.tolist())]
+            for kh in range(hkv):
+                perm = torch.randperm(len(free), generator=g)[: req.num_select].tolist()
+                picks[r * hkv + kh] = [free[i] for i in perm]
+    want = TwilightSelector(FixedCandidates(picks), top_p, batch_decode=False)(*args)
+    got = TwilightSelector(FixedCandidates(picks), top_p)(*args)
+    assert_same_selection(got, want)
+
+
+def test_decode_mass_rows_match_per_request_twin():
+    from vllm_sparse.selectors.twilight import estimate_page_mass_rows
+
+    n, d, hkv, group = 4, 16, 2, 2
+    batch, layout, meta = paged_batch_with_meta([200], hkv, n, d, seed=6)
+    gg = gen(7)
+    q = randn(3, hkv * group, d, g=gg) * 2
+    lens = [5, 9, 2, 9, 7, 1]  # valid pages per row, then -1 padding
+    blocks = torch.full((6, 9), -1, dtype=torch.int64)
+    for row, m in enumerate(lens):
+        blocks[row, :m] = batch.block_table[0, torch.randperm(40, generator=gg)[:m]].long()
+    got = estimate_page_mass_rows(q, meta, blocks, n, 0.3)
+    for row, m in enumerate(lens):
+        s, h = divmod(row, hkv)
+        keys = dequantize_int4(meta.codes[blocks[row, :m], h], meta.scale[blocks[row, :m], h], meta.zero[blocks[row, :m], h])
+        want = estimate_page_mass(q[s : s + 1, h * group : (h + 1) * group], keys.flatten(0, 1)[None], n, 0.3)[0]
+        torch.testing.assert_close(got[row, :, :m], want)
+        assert bool((got[row, :, m:] == 0).all())

@@ -67,9 +67,11 @@ class QuestOptions(_Strict):
 
 
 class TwilightOptions(_Strict):
-    """Twilight: the base selector proposes ``candidate_fraction`` of the context (no more than the
-    budget, which stays the cap on attended tokens); pages are then pruned to the smallest set
-    whose estimated attention mass reaches ``top_p``."""
+    """Twilight: the base selector proposes ``candidate_fraction`` of the context as candidates
+    (clamped by ``budget.max_tokens`` when set; the budget's fraction only decides, as for every
+    method, whether a request runs sparse at all); the candidate pages are then pruned to the
+    smallest set whose estimated attention mass reaches ``top_p``, so rows attend at most
+    ``candidate_fraction`` of the context plus the forced pages, usually far fewer."""
 
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     candidates: Literal["quest", "quoka"] = "quest"
@@ -164,8 +166,9 @@ class LayerPolicy:
     sink_tokens: int
     local_tokens: int
     dense_below_tokens: int
-    # A method-specific cap on the pages a selector may return, as a fraction of the context
-    # (twilight: its candidate fraction); rows may then come back with fewer (``Selection.counts``).
+    # A method-specific number of pages a selector may return, as a fraction of the context, in
+    # place of the budget's (twilight: its candidate fraction, clamped by ``budget.max_tokens``);
+    # rows may then come back with fewer (``Selection.counts``).
     select_fraction: float | None = None
     sparse_decode: bool = True  # False: decode steps (query length 1) run dense
 

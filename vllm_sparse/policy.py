@@ -37,6 +37,12 @@ class RequestPlan:
     num_select: int  # pages the selector may pick per KV head (the cap; 0 for dense requests)
     num_past_pages: int  # complete pages before the chunk: the selector's candidates
     forced: torch.Tensor  # int64 [F]: ascending logical pages always attended (all pages if dense)
+    page_size: int = 16
+    # ``forced`` is always two ranges, ``[0, forced_head) + [forced_tail, total_pages)``: sink pages,
+    # then the local window and the chunk (dense requests: ``[0, total_pages)``). Tables are built
+    # from these two numbers on the device, without materialising ``forced`` per row.
+    forced_head: int = 0
+    forced_tail: int = 0
 
     @property
     def num_pages(self) -> int:
@@ -63,8 +69,6 @@ class RequestPlan:
             cache[key] = make().to(device)
         return cache[key]
 
-    page_size: int = 16
-
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -72,6 +76,7 @@ class StepPlan:
 
     page_size: int
     requests: tuple[RequestPlan, ...]
+    policy: LayerPolicy | None = None  # the layer policy it was planned for
 
     @property
     def max_select(self) -> int:
@@ -80,6 +85,13 @@ class StepPlan:
     @property
     def any_sparse(self) -> bool:
         return any(r.sparse for r in self.requests)
+
+    def cached(self, key, make):
+        """``make()`` once per (step plan, key): device tensors derived from the step, shared by layers."""
+        cache = self.__dict__.setdefault("_cache", {})  # frozen dataclass: cache beside the fields
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
 
 
 def plan_request(
@@ -108,13 +120,17 @@ def plan_request(
     )
     if dense:
         forced = torch.arange(total_pages, dtype=torch.int64)
-        return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, forced, n)
-    if policy.select_fraction is not None:  # method-specific cap, e.g. twilight's candidates
-        cap_pages = cdiv(int(policy.select_fraction * ctx), n)
-        num_select = min(num_select, max(0, cap_pages - len(forced_past)))
-    pages = sorted(forced_past | set(range(num_past, total_pages)))
-    forced = torch.tensor(pages, dtype=torch.int64)
-    return RequestPlan(query_start, query_len, ctx, seq_len, True, num_select, num_past, forced, n)
+        return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, forced, n, total_pages, total_pages)
+    if policy.select_fraction is not None:  # method-specific count, e.g. twilight's candidates:
+        # select_fraction of the context (at most the budget's max_tokens), pruned later (top-p)
+        cand_tokens = int(policy.select_fraction * ctx)
+        if policy.budget.max_tokens is not None:
+            cand_tokens = min(cand_tokens, policy.budget.max_tokens)
+        num_select = min(selectable, max(0, cdiv(cand_tokens, n) - len(forced_past)))
+    head = len(sink)
+    tail = max(min(local, default=num_past), head)
+    forced = torch.cat([torch.arange(head), torch.arange(tail, total_pages)])
+    return RequestPlan(query_start, query_len, ctx, seq_len, True, num_select, num_past, forced, n, head, tail)
 
 
 def plan_step(
@@ -130,4 +146,4 @@ def plan_step(
         plan_request(policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s)
         for i, s in enumerate(seq_lens)
     )
-    return StepPlan(page_size, reqs)
+    return StepPlan(page_size, reqs, policy)

@@ -1,9 +1,15 @@
 """Stage 3, tables: Selection + forced pages -> ragged per-(request, KV head) page tables.
 
-Each row lists physical page ids in ascending position order, never a page twice. The chunk's
-pages (or the decode tail) come last, complete except the very last page, so a kernel that aligns
-the causal mask bottom-right over the row's compacted tokens masks exactly as dense attention does:
-every earlier entry is a complete past page, every later-than-allowed token is in the chunk.
+A row lists each attended page once: the selected past pages first (in selection order), then the
+forced pages ascending (sink, local window, then the chunk's pages, or the decode tail). Only the
+chunk's tokens can be causally masked, and they come last, complete except the very last page, so
+a kernel that aligns the causal mask bottom-right over the row's compacted tokens masks exactly
+as dense attention does; the order of the fully visible past pages does not change the result.
+
+Everything that depends only on the step (which pages are forced, the rows' last-page lengths)
+is built once per step on the device (``step_rows``, cached on the ``StepPlan``) and shared by
+every layer; a layer adds its selected pages with a handful of batched device ops, no host loop
+over requests and no device-to-host sync. Steps without a sparse request reuse one table.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ class PageTables:
 
     Attributes:
         page_ids: ``int64 [rows, max_pages]`` physical page ids (``block * head_slots + head``);
-            entries at or past ``counts[row]`` are padding.
+            entries at or past ``counts[row]`` are padding (a valid page id of the same row).
         counts: ``int32 [rows]`` pages per row.
         kv_lens: ``int32 [rows]`` valid tokens of the row's compacted pages (the last may be partial).
     """
@@ -37,48 +43,115 @@ class PageTables:
         return int(self.counts.sum())
 
 
-def logical_rows(plan: StepPlan, selection: Selection, request: int, num_kv_heads: int) -> torch.Tensor:
-    """Ascending logical pages of one request's rows: ``int64 [Hkv, F + num_select]``.
+@dataclass(frozen=True)
+class StepRows:
+    """The per-step part of the tables, on the device (rows request-major).
 
-    Row ``h`` holds its ``F + selection.counts[row]`` valid pages first, ascending; the rest are
-    padding, equal to ``total_pages`` (past every real page). Computed on the device, no sync.
+    Attributes:
+        req, head: ``int64 [rows]`` request and KV head of each row.
+        forced_ids: ``int64 [rows, F_max]`` physical ids of the row's forced pages, ascending,
+            padded with the row's first page.
+        num_forced: ``int32 [rows]``.
+        last_len: ``int32 [rows]`` tokens in the request's last page.
+        width: pages of the widest row (``max num_select + F``), known on the host.
+        max_select: ``max num_select`` over the requests.
+        forced_src, forced_dst: ``int64 [E]`` flat positions of the valid forced entries in
+            ``forced_ids`` and in a ``[rows, width]`` table whose rows select nothing.
+        forced_row: ``int64 [E]`` row of each valid forced entry.
+        block_table: ``int64 [B, max_blocks]`` the step's block table.
     """
-    req = plan.requests[request]
-    forced = req.forced_on(selection.indices.device)[None, :].expand(num_kv_heads, -1)
-    if req.num_select == 0:
-        return forced
-    rows = slice(request * num_kv_heads, (request + 1) * num_kv_heads)
-    picked = selection.indices[rows, : req.num_select]
-    valid = torch.arange(req.num_select, device=picked.device)[None, :] < selection.counts[rows, None]
-    picked = torch.where(valid, picked, torch.full_like(picked, req.total_pages))
-    return torch.cat([forced, picked], dim=1).sort(dim=1).values
+
+    req: torch.Tensor
+    head: torch.Tensor
+    forced_ids: torch.Tensor
+    num_forced: torch.Tensor
+    last_len: torch.Tensor
+    width: int
+    max_select: int
+    forced_src: torch.Tensor
+    forced_dst: torch.Tensor
+    forced_row: torch.Tensor
+    block_table: torch.Tensor
+
+
+def _step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> StepRows:
+    hkv, n = layout.num_kv_heads, layout.page_size
+    device = block_table.device
+    reqs = plan.requests
+    # per request on the host: forced = [0, a) + [b, total)
+    host = torch.tensor(
+        [
+            [r.forced_head, r.forced_tail, r.total_pages, r.seq_len - (r.total_pages - 1) * n]
+            for r in reqs
+        ],
+        dtype=torch.int64,
+    ).repeat_interleave(hkv, dim=0)  # [rows, 4]
+    num_forced_host = host[:, 0] + host[:, 2] - host[:, 1]
+    f_max = int(num_forced_host.max())
+    width = max(r.num_pages for r in reqs)
+    rows = len(reqs) * hkv
+    dev = torch.cat([host, num_forced_host[:, None]], dim=1).to(device, non_blocking=True)
+    a, b, last_len, num_forced = dev[:, 0:1], dev[:, 1:2], dev[:, 3], dev[:, 4]
+    row = torch.arange(rows, device=device)
+    req, head = row // hkv, row % hkv
+    e = torch.arange(f_max, device=device)[None, :]
+    valid = e < num_forced[:, None]
+    logical = torch.where(e < a, e, b + e - a).masked_fill_(~valid, 0)
+    block_table = block_table.long()
+    blocks = block_table[req[:, None], logical]
+    forced_ids = layout.page_ids(blocks, head[:, None])
+    # valid entries' positions, from host-known counts (no nonzero, which would sync)
+    forced_row = torch.repeat_interleave(row, num_forced, output_size=int(num_forced_host.sum()))
+    starts = torch.cumsum(num_forced, 0) - num_forced
+    within = torch.arange(forced_row.numel(), device=device) - starts[forced_row]
+    forced_src = forced_row * f_max + within
+    forced_dst = forced_row * width + within
+    return StepRows(
+        req,
+        head,
+        forced_ids,
+        num_forced.int(),
+        last_len.int(),
+        width,
+        plan.max_select,
+        forced_src,
+        forced_dst,
+        forced_row,
+        block_table,
+    )
+
+
+def step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> StepRows:
+    """The per-step part of the tables, built once per (step plan, layout) and cached on the plan."""
+    key = ("step_rows", layout.num_kv_heads, layout.num_head_slots, block_table.data_ptr())
+    return plan.cached(key, lambda: _step_rows(plan, block_table, layout))
 
 
 def build_page_tables(
     plan: StepPlan, selection: Selection, block_table: torch.Tensor, layout: PageLayout
 ) -> PageTables:
-    """Args: block_table ``int [B, max_blocks]`` (logical page -> block); returns ``PageTables``.
-
-    Rows carry ``F + selection.counts[row]`` pages (F = the request's forced pages); padding
-    entries past a row's count hold a valid page id of the same row, so gathers stay in bounds
-    and ``kv_lens`` masks them out.
+    """Args: block_table ``int [B, max_blocks]`` (logical page -> block); selection rows
+    ``B * Hkv``; returns ``PageTables`` whose rows carry ``selection.counts[row] + F`` pages.
     """
-    hkv, n = layout.num_kv_heads, layout.page_size
-    device = block_table.device
-    num_rows = len(plan.requests) * hkv
-    width = max((r.num_pages for r in plan.requests), default=0)
-    page_ids = torch.zeros(num_rows, width, dtype=torch.int64, device=device)
-    counts = torch.empty(num_rows, dtype=torch.int32, device=device)
-    kv_lens = torch.empty(num_rows, dtype=torch.int32, device=device)
-    heads = torch.arange(hkv, device=device)[:, None]
-    sel_counts = selection.counts.to(device)
-    for r, req in enumerate(plan.requests):
-        logical = logical_rows(plan, selection, r, hkv).to(device)
-        blocks = block_table[r].long()[logical.clamp(max=req.total_pages - 1)]  # [Hkv, F + k]
-        rows = slice(r * hkv, (r + 1) * hkv)
-        page_ids[rows, : logical.shape[1]] = layout.page_ids(blocks, heads)
-        last_len = req.seq_len - (req.total_pages - 1) * n
-        row_counts = req.forced.numel() + (sel_counts[rows] if req.num_select else 0)
-        counts[rows] = row_counts
-        kv_lens[rows] = (counts[rows] - 1) * n + last_len
-    return PageTables(page_ids, counts, kv_lens)
+    s = step_rows(plan, block_table, layout)
+    rows = s.req.numel()
+    n = layout.page_size
+    if s.max_select == 0:  # no sparse request: one table for every layer of the step
+
+        def dense() -> PageTables:
+            counts = s.num_forced
+            return PageTables(s.forced_ids[:, : s.width], counts, (counts - 1) * n + s.last_len)
+
+        return plan.cached(("dense_tables", id(s)), dense)
+    k = s.max_select
+    sel_counts = selection.counts.to(torch.int32)
+    page_ids = s.forced_ids[:, :1].expand(rows, s.width).contiguous()  # padding: a page of the row
+    valid = torch.arange(k, device=page_ids.device)[None, :] < sel_counts[:, None]
+    logical = torch.where(valid, selection.indices[:, :k], 0)  # padding may hold anything
+    picked = s.block_table[s.req[:, None], logical]
+    page_ids[:, :k] = layout.page_ids(picked, s.head[:, None])
+    # forced pages right after each row's selected ones
+    dst = s.forced_dst + sel_counts.long()[s.forced_row]
+    page_ids.view(-1)[dst] = s.forced_ids.view(-1)[s.forced_src]
+    counts = sel_counts + s.num_forced
+    return PageTables(page_ids, counts, (counts - 1) * n + s.last_len)

@@ -69,6 +69,10 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
         self.execute = self._pick_executor(device_type)
+        if device_type == "cpu" and self.method == "quoka":
+            from vllm_sparse.kernels import cpu_native
+
+            cpu_native.available()  # build or load the native CPU ops now, not in the first forward
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
         self.layer_idx: int | None = None
@@ -77,7 +81,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's.
 
         The FlashInfer executor plans fixed page counts per row; Twilight's top-p rows vary, so on
-        GPUs it runs the torch reference executor (correct, slow) until the plan honours counts.
+        GPUs it runs the Triton paged executor, which reads each row's length on the device (the
+        torch reference executor, correct and slow, where triton is missing).
         """
         if self.config.executor == "reference":
             return reference_executor
@@ -86,7 +91,13 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
 
             return CpuAttnExecutor()
         if device_type == "cuda" and self.method == "twilight":
-            logger.warning("vllm-sparse: sparse_twilight runs the torch reference executor on GPUs for now")
+            import importlib.util
+
+            if importlib.util.find_spec("triton") is not None:
+                from vllm_sparse.executors.triton_paged import TritonPagedExecutor
+
+                return TritonPagedExecutor()
+            logger.warning("vllm-sparse: triton is not installed; sparse_twilight runs the torch reference executor")
             return reference_executor
         return get_executor(device_type)
 
@@ -134,29 +145,35 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             return output
         if self.layer_idx is None:
             self.layer_idx = extract_layer_index(layer.layer_name)
+            self.policy = self.config.for_layer(self.layer_idx)
         n = attn_metadata.num_actual_tokens
         query, out = query[:n], output[:n]
         layout = self._layout(kv_cache)
         page_keys, page_values = layout.page_keys(kv_cache), layout.page_values(kv_cache)
 
-        plan = attn_metadata.plan_for(self.config.for_layer(self.layer_idx))  # 1 policy
+        plan = attn_metadata.plan_for(self.policy)  # 1 policy
         if plan.any_sparse:  # 2 select
             meta = self._meta(kv_cache, layout)
             selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan, meta)
         else:
-            selection = empty_selection(plan, layout.num_kv_heads, query.device)
+            hkv = layout.num_kv_heads
+            selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))
         tables = build_page_tables(plan, selection, attn_metadata.block_table, layout)  # 3 tables
         self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
+        sparse_rows, planned, dense_pages = plan.cached(
+            ("stats", hkv),
+            lambda: (
+                hkv * sum(r.sparse for r in plan.requests),
+                hkv * sum(r.num_pages for r in plan.requests),
+                hkv * sum(r.total_pages for r in plan.requests),
+            ),
+        )
         # Exact counts on CPU; on a GPU the host-known plan (an upper bound for variable budgets),
         # so that counting never syncs with the device.
-        attended = hkv * sum(r.num_pages for r in plan.requests) if query.is_cuda else tables.attended_pages
-        stats.record(
-            sparse_rows=hkv * sum(r.sparse for r in plan.requests),
-            attended_pages=attended,
-            dense_pages=hkv * sum(r.total_pages for r in plan.requests),
-        )
+        attended = planned if query.is_cuda else tables.attended_pages
+        stats.record(sparse_rows=sparse_rows, attended_pages=attended, dense_pages=dense_pages)
         if self.layer_idx == self.last_layer:
             stats.flush()
         return output

@@ -33,4 +33,14 @@ def get_executor(device_type: str) -> Executor:
     return reference_executor
 
 
-__all__ = ["Executor", "get_executor", "reference_executor"]
+def __getattr__(name: str):
+    """``TritonPagedExecutor`` (variable per-row page counts on the device), imported on first use
+    (it needs ``triton``)."""
+    if name == "TritonPagedExecutor":
+        from vllm_sparse.executors.triton_paged import TritonPagedExecutor
+
+        return TritonPagedExecutor
+    raise AttributeError(name)
+
+
+__all__ = ["Executor", "TritonPagedExecutor", "get_executor", "reference_executor"]

@@ -1,21 +1,21 @@
-"""FlashInfer executor: paged prefill over (request, KV head) rows, reading the head-major cache in place.
+"""FlashInfer executor: paged attention over (request, KV head) rows, reading the head-major cache in place.
 
 Each (request, KV head) pair is one FlashInfer request with ``num_kv_heads=1`` and the
 ``G = Hq / Hkv`` query heads of its group. Pages are addressed by their physical id
 ``block * head_slots + head`` in the cache viewed as ``[num_blocks * head_slots, 1, N, D]``
-(FlashInfer's HND order, token stride ``2D``: no copy). Tables list each row's pages ascending
-with the chunk's pages last (``tables``), so FlashInfer's bottom-right causal mask is exact.
+(FlashInfer's HND order, token stride ``2D``: no copy). Rows list their past pages first and the
+chunk's pages last (``vllm_sparse.tables``), so FlashInfer's bottom-right causal mask is exact.
 
-Plan once per step: the schedule depends only on lengths (query tokens, pages and tokens per row),
-which the ``StepPlan`` knows on the host. ``prepare`` runs ``plan()`` for a step plan; every
-layer that shares that plan only copies its page ids into the planned index buffer (in place, same
-address) and runs: no device-to-host sync per layer. Decode rows run through the same prefill
-kernel with one query token.
+Plan once per step, use in every layer: the schedule depends only on lengths (query tokens and
+pages per row) that the ``StepPlan`` knows on the host. ``prepare`` runs FlashInfer's ``plan()``
+(the metadata builder calls it; otherwise the first layer that meets the step does) and caches
+the result on the step plan; a layer only copies its page ids into the planned index buffer, in
+place, and runs: no device-to-host sync in forward. Steps whose requests all decode one token
+need no query regrouping: ``query [B, Hq, D]`` viewed as ``[B * Hkv, G, D]`` is already the rows'
+query, the output is written in place, and FlashInfer's decode wrapper splits long rows.
 
-Limits: rows must attend exactly ``RequestPlan.num_pages`` pages (fixed budgets: QuoKA, Quest);
-variable ``Selection.counts`` (Twilight top-p) are not honoured yet. The plan is made by the first
-layer that meets a step plan, not yet in the metadata builder (``prepare`` is the hook for it).
-
+Limits: a row attends exactly ``RequestPlan.num_pages`` pages (fixed budgets: QuoKA, Quest);
+variable ``Selection.counts`` (Twilight top-p) need ``executors.triton_paged``.
 ``flashinfer`` is imported lazily, on the first ``prepare``.
 """
 
@@ -29,57 +29,60 @@ from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
-MAX_CACHED_PLANS = 4  # distinct layer policies (dense layers, overrides) in one step
 
 
 @dataclass
-class _Step:
-    """Everything planned for one ``StepPlan``: FlashInfer wrapper and the per-layer gather indices.
+class PlannedStep:
+    """What ``prepare`` planned for one step plan (one layer policy of one scheduler step).
 
     Attributes:
-        plan: the step plan (held so that its ``id`` stays unique while cached).
-        key: the shapes the plan was made for.
-        wrapper: a planned ``BatchPrefillWithPagedKVCacheWrapper``.
+        wrapper: a planned ``BatchPrefillWithPagedKVCacheWrapper`` (``BatchDecode...`` for
+            decode-only steps).
         indices: ``int32 [total_pages]`` the planned page-index buffer, rewritten per layer.
-        flat: ``int64 [total_pages]`` positions of the valid entries in ``page_ids.view(-1)``.
-        tok, head: ``int64 [total_q]`` query token and KV head of each grouped query row.
+        flat: ``int64 [total_pages]`` positions of the valid entries in ``page_ids.view(-1)``
+            for tables of ``width`` columns.
+        width: ``max num_pages`` over the rows.
+        decode_only: every request has one query token (rows are views of the query).
+        tok, head: ``int64 [total_q]`` query token and KV head of each grouped query row
+            (prefill steps only).
+        last_ids: the ``page_ids`` tensor last copied into ``indices`` (dense steps share one).
     """
 
-    plan: StepPlan
-    key: tuple
     wrapper: object
     indices: torch.Tensor
     flat: torch.Tensor
-    tok: torch.Tensor
-    head: torch.Tensor
+    width: int
+    decode_only: bool
+    tok: torch.Tensor | None
+    head: torch.Tensor | None
+    last_ids: torch.Tensor | None = None
 
 
-def _host_layout(plan: StepPlan, hkv: int, width: int):
-    """Host arrays of the rows of a step: indptrs, last page lengths, gather and regroup indices."""
+def _row_lengths(plan: StepPlan, hkv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host ``int64 [rows]`` query tokens, pages, last-page tokens and query start of every row."""
     n = plan.page_size
-    qo, kv, last, flat, tok, head = [0], [0], [], [], [], []
-    for r, req in enumerate(plan.requests):
-        pages = req.num_pages
-        last_len = req.seq_len - (req.total_pages - 1) * n
-        toks = torch.arange(req.query_start, req.query_start + req.query_len)
-        for h in range(hkv):
-            row = r * hkv + h
-            qo.append(qo[-1] + req.query_len)
-            kv.append(kv[-1] + pages)
-            last.append(last_len)
-            flat.append(torch.arange(pages) + row * width)
-            tok.append(toks)
-            head.append(torch.full((req.query_len,), h))
-    i32 = torch.int32
-    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.int64)
-    return (
-        torch.tensor(qo, dtype=i32),
-        torch.tensor(kv, dtype=i32),
-        torch.tensor(last, dtype=i32),
-        cat(flat),
-        cat(tok),
-        cat(head),
-    )
+    per_req = torch.tensor(
+        [[r.query_len, r.num_pages, r.seq_len - (r.total_pages - 1) * n, r.query_start] for r in plan.requests],
+        dtype=torch.int64,
+    ).repeat_interleave(hkv, dim=0)
+    return per_req[:, 0], per_req[:, 1], per_req[:, 2], per_req[:, 3]
+
+
+def _indptr(lengths: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
+    torch.cumsum(lengths, 0, out=out[1:])
+    return out
+
+
+def _ragged_positions(lengths: torch.Tensor, starts: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows of host ``lengths``: ``(row, starts[row] + i)`` of every entry ``i < lengths[row]``,
+    built on ``device`` from the host-known total (no sync)."""
+    total = int(lengths.sum())
+    lens = lengths.to(device, non_blocking=True)
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lens, output_size=total)
+    first = torch.cumsum(lens, 0) - lens
+    within = torch.arange(total, device=device) - first[row]
+    return row, starts.to(device, non_blocking=True)[row] + within
 
 
 class FlashInferExecutor:
@@ -88,15 +91,29 @@ class FlashInferExecutor:
     def __init__(self, workspace_bytes: int = WORKSPACE_BYTES):
         self.workspace_bytes = workspace_bytes
         self._workspace: dict[torch.device, torch.Tensor] = {}
-        self._steps: list[_Step] = []
+        self._wrappers: dict[tuple, object] = {}  # one per (layer policy, shapes), re-planned each step
 
-    def _new_wrapper(self, device: torch.device):
-        import flashinfer
+    def _wrapper(self, key: tuple, device: torch.device, decode: bool, group: int):
+        """The wrapper of one (layer policy, shapes, kind), created once and re-planned each step.
 
-        ws = self._workspace.get(device)
-        if ws is None:
-            ws = self._workspace[device] = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=device)
-        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
+        Decode-only steps use FlashInfer's decode wrapper, which splits long KV rows over many
+        thread blocks (the prefill kernel gives a one-token row one block); tensor cores for GQA
+        groups its CUDA-core decode kernel does not specialise.
+        """
+        key = key + (decode,)
+        w = self._wrappers.get(key)
+        if w is None:
+            import flashinfer
+
+            ws = self._workspace.get(device)
+            if ws is None:
+                ws = self._workspace[device] = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=device)
+            if decode:
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "HND", use_tensor_cores=group not in (1, 2, 4))
+            else:
+                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "HND")
+            self._wrappers[key] = w
+        return w
 
     def prepare(
         self,
@@ -104,47 +121,62 @@ class FlashInferExecutor:
         num_kv_heads: int,
         group: int,
         head_size: int,
-        width: int,
         q_dtype: torch.dtype,
         kv_dtype: torch.dtype,
         scale: float,
         device: torch.device,
-    ) -> _Step:
-        """Plan one step (host work + small host-to-device copies); later calls with the same
-        ``plan`` object and shapes return the cached step.
+    ) -> PlannedStep:
+        """Plan one step (host work + small host-to-device copies), once per step plan and shapes.
 
         Args:
             plan: the step plan shared by the layers of one policy.
             num_kv_heads, group, head_size: ``Hkv``, ``G = Hq / Hkv`` and ``D``.
-            width: ``PageTables.page_ids.shape[1]`` (``max`` pages per row, host-known).
         """
-        key = (num_kv_heads, group, head_size, width, q_dtype, kv_dtype, float(scale), device)
-        for s in self._steps:
-            if s.plan is plan and s.key == key:
-                return s
-        qo, kv, last, flat, tok, head = _host_layout(plan, num_kv_heads, width)
-        if len(self._steps) >= MAX_CACHED_PLANS:
-            wrapper = self._steps.pop(0).wrapper
+        key = (num_kv_heads, group, head_size, q_dtype, kv_dtype, float(scale), torch.device(device))
+        return plan.cached(("flashinfer", key), lambda: self._plan(plan, key))
+
+    def _plan(self, plan: StepPlan, key: tuple) -> PlannedStep:
+        hkv, group, d, q_dtype, kv_dtype, scale, device = key
+        q_len, pages, last, q_start = _row_lengths(plan, hkv)
+        width = int(pages.max()) if pages.numel() else 0
+        rows = torch.arange(pages.numel())
+        _, flat = _ragged_positions(pages, rows * width, device)
+        decode_only = bool((q_len == 1).all())
+        tok = head = None
+        if not decode_only:
+            row, tok = _ragged_positions(q_len, q_start, device)
+            head = row % hkv
+        wrapper = self._wrapper((plan.policy,) + key, device, decode_only, group)
+        indices = torch.zeros(int(pages.sum()), dtype=torch.int32, device=device)
+        if decode_only:
+            wrapper.plan(
+                _indptr(pages),
+                indices,
+                last.to(torch.int32),
+                num_qo_heads=group,
+                num_kv_heads=1,
+                head_dim=d,
+                page_size=plan.page_size,
+                sm_scale=scale,
+                q_data_type=q_dtype,
+                kv_data_type=kv_dtype,
+            )
         else:
-            wrapper = self._new_wrapper(device)
-        indices = torch.zeros(int(kv[-1]), dtype=torch.int32, device=device)
-        wrapper.plan(
-            qo,
-            kv,
-            indices,
-            last,
-            num_qo_heads=group,
-            num_kv_heads=1,
-            head_dim_qk=head_size,
-            page_size=plan.page_size,
-            causal=True,
-            sm_scale=scale,
-            q_data_type=q_dtype,
-            kv_data_type=kv_dtype,
-        )
-        step = _Step(plan, key, wrapper, indices, flat.to(device), tok.to(device), head.to(device))
-        self._steps.append(step)
-        return step
+            wrapper.plan(
+                _indptr(q_len),
+                _indptr(pages),
+                indices,
+                last.to(torch.int32),
+                num_qo_heads=group,
+                num_kv_heads=1,
+                head_dim_qk=d,
+                page_size=plan.page_size,
+                causal=True,
+                sm_scale=scale,
+                q_data_type=q_dtype,
+                kv_data_type=kv_dtype,
+            )
+        return PlannedStep(wrapper, indices, flat, width, decode_only, tok, head)
 
     def __call__(
         self,
@@ -159,18 +191,26 @@ class FlashInferExecutor:
         """query/output ``[T, Hq, D]``; page_keys/values ``[num_pages, N, D]`` (strided views)."""
         if not plan.requests:
             return
-        rows, width = tables.page_ids.shape
+        rows = tables.page_ids.shape[0]
         hkv = rows // len(plan.requests)
         t, hq, d = query.shape
-        step = self.prepare(plan, hkv, hq // hkv, d, width, query.dtype, page_keys.dtype, scale, query.device)
-        if step.tok.numel() == 0:
-            return
-        # per layer: the selected page ids into the planned buffer, in place (no sync)
-        step.indices.copy_(tables.page_ids.reshape(-1).index_select(0, step.flat))
-        q_rows = query.view(t, hkv, hq // hkv, d)[step.tok, step.head]  # [rows' tokens, G, D]
+        g = hq // hkv
+        step = self.prepare(plan, hkv, g, d, query.dtype, page_keys.dtype, scale, query.device)
+        if step.last_ids is not tables.page_ids:  # dense steps: one table for every layer
+            ids = tables.page_ids
+            assert ids.shape[1] == step.width and ids.is_contiguous()
+            step.indices.copy_(ids.view(-1).index_select(0, step.flat))
+            step.last_ids = ids
         kv = (page_keys.unsqueeze(1), page_values.unsqueeze(1))  # [num_pages, 1, N, D] HND
+        if step.decode_only:  # row r * Hkv + h is query[r, h * G : (h + 1) * G]
+            out = output.view(t * hkv, g, d) if output.dtype == query.dtype else None
+            o = step.wrapper.run(query.reshape(t * hkv, g, d), kv, out=out)
+            if out is None:
+                output.copy_(o.view(t, hq, d))
+            return
+        q_rows = query.view(t, hkv, g, d)[step.tok, step.head]  # [rows' tokens, G, D]
         o_rows = step.wrapper.run(q_rows, kv)
-        output.view(t, hkv, hq // hkv, d)[step.tok, step.head] = o_rows.to(output.dtype)
+        output.view(t, hkv, g, d)[step.tok, step.head] = o_rows.to(output.dtype)
 
 
 _SHARED: FlashInferExecutor | None = None

@@ -6,6 +6,9 @@ its own ``scale`` and ``zero`` (float16), ``k ~= code * scale + zero`` with ``co
 dtype, and never depends on other tokens: pages that fill over many steps, reused blocks and
 partial rewrites need no reset (stale slots past a page's fill are never read: selectors read
 complete past pages only). Cost per token and KV head: D/2 bytes + 4 bytes.
+
+On CUDA the write is the sync-free Triton kernel ``kernels.page_meta_write.write_int4_shadow_triton``
+(bit-identical; the boolean indexing below would sync with the host); this torch code is its twin.
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ def write_int4_shadow(
         page_size: ``N``.
         dtype: the cache dtype: keys are rounded to it first, so the shadow describes the stored key.
     """
+    if key.is_cuda and key.stride(-1) == 1:
+        from vllm_sparse.kernels.page_meta_write import write_int4_shadow_triton
+
+        return write_int4_shadow_triton(meta, key, slot_mapping, page_size, dtype)
     n = slot_mapping.shape[0]
     slots = slot_mapping.long()
     keep = slots >= 0

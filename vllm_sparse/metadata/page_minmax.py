@@ -6,6 +6,9 @@ step's write is summarised again from its own keys at offsets ``0 .. last writte
 offset-0 write of a fresh page resets it, a partial rewrite (prefix-cache style, recompute of
 the last token) gives the summary of exactly the tokens the page now holds, and untouched pages
 (cached, full) keep theirs.
+
+On CUDA the write is the sync-free Triton kernel ``kernels.page_meta_write.write_page_minmax_triton``
+(this module's ``torch.unique`` would sync with the host); this torch code is its twin.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def write_page_minmax(layout: PageLayout, kv_cache: torch.Tensor, meta: PageMeta
             are written in place.
         slot_mapping: ``int [T]`` slots ``block * N + offset`` written this step; negative = padding.
     """
+    if kv_cache.is_cuda:
+        from vllm_sparse.kernels.page_meta_write import write_page_minmax_triton
+
+        return write_page_minmax_triton(layout, kv_cache, meta, slot_mapping)
     slots = slot_mapping.long()
     slots = slots[slots >= 0]
     if slots.numel() == 0:

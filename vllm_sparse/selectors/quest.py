@@ -15,12 +15,18 @@ metadata slots (``metadata/page_minmax.py``):
      k_h that fits the budget, so the count stays the budget;
 3. the top ``plan.num_select`` pages that are not forced (sink, local window) are selected.
 
+The sparse decode requests of a step (one query each) are scored together: rows = decode
+requests x KV heads, page lists padded to the longest request (padding and forced pages
+excluded by a mask), one bounds launch, one GQA reduction and one top-k with the largest count;
+each row keeps its own count. Prefill chunks go one request at a time.
+
 Differences from the paper: Quest is decode-only and MHA; chunks (max over queries) and the
 GQA reduction are our extensions, and sink/local pages are forced on top.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -57,40 +63,100 @@ def page_upper_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
     return best
 
 
-def reduce_and_pick(scores: torch.Tensor, excluded: torch.Tensor, k: int, rule: GqaReduce, scale: float) -> torch.Tensor:
-    """Reduce per-head page scores over the GQA group and pick ``k`` pages per KV head.
+def page_upper_bounds_rows(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Quest bounds of one query per slot (request) over the slot's pages, every KV head a row.
 
     Args:
-        scores: ``[Hkv, G, P]`` per query head page scores.
-        excluded: ``int64 [F]`` pages never picked (forced ones).
-        k: pages to pick, ``<= P - F``.
+        q: ``[S, Hq, D]`` one query per slot (a decode token).
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes.
+        blocks: ``int64 [S, P]`` physical block of each page of each slot.
+    Returns:
+        ``[S * Hkv, G, P]`` float32, row ``slot * Hkv + kv_head``: row by row what
+        ``page_upper_bounds(q[slot:slot + 1], kmin[blocks[slot]].transpose(0, 1), ...)`` gives.
+    """
+    s, hq, d = q.shape
+    hkv = kmin.shape[1]
+    g, p = hq // hkv, blocks.shape[1]
+    out = torch.empty(s * hkv, g, p, dtype=torch.float32, device=q.device)
+    step = max(1, (1 << 24) // max(1, p * hkv * d))  # slots at a time: bounds the gathered summaries
+    for a in range(0, s, step):
+        b = min(a + step, s)
+        qg = q[a:b].float().view(b - a, hkv, g, d)
+        lo = kmin[blocks[a:b]].float().transpose(1, 2)  # [s', Hkv, P, D]
+        hi = kmax[blocks[a:b]].float().transpose(1, 2)
+        u = qg.clamp(min=0) @ hi.transpose(-1, -2) + qg.clamp(max=0) @ lo.transpose(-1, -2)  # [s', Hkv, G, P]
+        out[a * hkv : b * hkv] = u.view(-1, g, p)
+    return out
+
+
+def _triton_ok(q: torch.Tensor, meta: PageMeta) -> bool:
+    """Whether the Triton kernel scores (CUDA tensors it can read in place)."""
+    return q.is_cuda and q.stride(-1) == 1 and meta.kmin.stride(-1) == 1
+
+
+def _bounds(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> torch.Tensor:
+    """``[Hkv, G, P]`` bounds of the pages in ``blocks`` (``int64 [P]``): the Triton kernel on CUDA
+    (min/max read in place), the torch twin elsewhere."""
+    if _triton_ok(q, meta):
+        from vllm_sparse.kernels.quest_score import page_upper_bounds_triton
+
+        return page_upper_bounds_triton(q, meta.kmin, meta.kmax, blocks)
+    return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
+
+
+def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: "_DecodeBatch") -> torch.Tensor:
+    """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA);
+    entries of padding pages are unspecified (the batch excludes them)."""
+    if _triton_ok(query, meta):
+        from vllm_sparse.kernels.quest_score import page_upper_bounds_rows_triton
+
+        return page_upper_bounds_rows_triton(query, meta.kmin, meta.kmax, batch.tokens, batch.blocks, batch.num_pages)
+    return page_upper_bounds_rows(query[batch.tokens], meta.kmin, meta.kmax, batch.blocks)
+
+
+def reduce_and_pick(scores: torch.Tensor, excluded: torch.Tensor, k: int, rule: GqaReduce, scale: float) -> torch.Tensor:
+    """Reduce per-head page scores over the GQA group and pick ``k`` pages per row.
+
+    Args:
+        scores: ``[R, G, P]`` per query head page scores (rows: the KV heads of one request, or
+            (request, KV head) pairs of a decode batch).
+        excluded: pages never picked: column indices ``int64 [F]`` (every row) or a mask
+            ``bool [R, P]`` (forced pages and padding of each row).
+        k: pages to pick, at most the pages not excluded of the row with the fewest (rows with
+            fewer fill the remaining slots with excluded pages: callers cut each row at its count).
         rule: ``max``, ``sum`` (of per-head softmax-normalised scores) or ``union`` (rank merge).
         scale: softmax scale of ``sum``.
     Returns:
-        ``int64 [Hkv, k]`` picked pages (distinct, not excluded; order unspecified).
+        ``int64 [R, k]`` picked pages, best first, distinct.
     """
-    hkv, g, p = scores.shape
-    s = scores.clone()
-    s[:, :, excluded] = float("-inf")
+    r, g, p = scores.shape
+    if excluded.dtype == torch.bool:
+        s = scores.masked_fill(excluded[:, None, :], float("-inf"))
+    else:
+        s = scores.index_fill(2, excluded, float("-inf"))  # (an index_put here would sync on CUDA)
     if rule == "max":
         return torch.topk(s.amax(dim=1), k, dim=1).indices
     if rule == "sum":
         return torch.topk(torch.softmax(s * scale, dim=-1).sum(dim=1), k, dim=1).indices
     if rule == "union":
-        order = s.argsort(dim=-1, descending=True, stable=True)  # [Hkv, G, P] pages by rank
-        merged = order.transpose(1, 2).reshape(hkv, p * g)  # rank-major: rank 0 of every head, ...
-        first = torch.full((hkv, p), p * g, dtype=torch.int64, device=s.device)
-        pos = torch.arange(p * g, device=s.device).expand(hkv, -1)
+        # Excluded pages score -inf, so they rank after every other page in each head and their
+        # first merge position comes after every other page's: padded rows pick what they would alone.
+        order = s.argsort(dim=-1, descending=True, stable=True)  # [R, G, P] pages by rank
+        merged = order.transpose(1, 2).reshape(r, p * g)  # rank-major: rank 0 of every head, ...
+        first = torch.full((r, p), p * g, dtype=torch.int64, device=s.device)
+        pos = torch.arange(p * g, device=s.device).expand(r, -1)
         first.scatter_reduce_(1, merged, pos, "amin")  # first position of each page in the merge
-        return first.argsort(dim=1)[:, :k]
+        return torch.topk(first, k, dim=1, largest=False).indices
     raise ValueError(f"unknown gqa_reduce {rule!r}")
 
 
 class QuestSelector:
-    def __init__(self, gqa_reduce: GqaReduce = "max", scale: float | None = None):
-        """``scale``: softmax scale for ``sum`` (default ``1/sqrt(D)``)."""
+    def __init__(self, gqa_reduce: GqaReduce = "max", scale: float | None = None, batch_decode: bool = True):
+        """``scale``: softmax scale for ``sum`` (default ``1/sqrt(D)``); ``batch_decode``: score the
+        step's decode requests together (``False``: one request at a time, the reference)."""
         self.gqa_reduce = gqa_reduce
         self.scale = scale
+        self.batch_decode = batch_decode
 
     def __call__(
         self,
@@ -102,22 +168,84 @@ class QuestSelector:
         meta: PageMeta | None = None,
     ) -> Selection:
         """See ``selectors.base.Selector``; query ``[T, Hq, D]``, reads ``meta.kmin/kmax``
-        ``[num_blocks, Hkv, D]``; returns rows ``B * Hkv`` with ``counts == num_select``."""
+        ``[num_blocks, Hkv, D]``; returns rows ``B * Hkv`` with ``counts == num_select``.
+
+        Sparse decode requests (one query token each) are scored together: one bounds launch,
+        one reduction and one top-k for all of them; prefill chunks one request at a time."""
         if meta is None or meta.kmin is None:
             raise ValueError("sparse_quest needs the key min/max planes (PageMeta.kmin/kmax)")
         hkv = layout.num_kv_heads
         sel = empty_selection(plan, hkv, query.device)
         scale = self.scale or query.shape[-1] ** -0.5
+        batch = decode_batch(plan, block_table, hkv) if self.batch_decode else None
+        if batch is not None:
+            scores = _decode_bounds(query, meta, batch)  # [nd * Hkv, G, P_max]
+            top = reduce_and_pick(scores, batch.excluded, batch.max_select, self.gqa_reduce, scale)
+            sel.indices[:, : batch.max_select].index_copy_(0, batch.rows, top)  # (no index_put: no sync)
+            sel.counts.index_copy_(0, batch.rows, batch.counts)
         for r, req in enumerate(plan.requests):
-            if not req.sparse or req.num_select == 0:
+            if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
             blocks = block_table[r, : req.num_past_pages].long()
-            kmin = meta.kmin[blocks].transpose(0, 1)  # [Hkv, P, D]
-            kmax = meta.kmax[blocks].transpose(0, 1)
             q = query[req.query_start : req.query_start + req.query_len]
-            scores = page_upper_bounds(q, kmin, kmax)  # [Hkv, G, P]
+            scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
             top = reduce_and_pick(scores, forced_past(req, scores.device), req.num_select, self.gqa_reduce, scale)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
         return sel
+
+
+@dataclass(frozen=True)
+class _DecodeBatch:
+    """The sparse decode requests of a step as slots (requests) x KV heads = rows, built once per
+    step and shared by the layers of the plan.
+
+    Attributes:
+        tokens: ``int64 [nd]`` query token of each decode request.
+        blocks: ``int64 [nd, P_max]`` physical block of each past page (padded with the last one).
+        num_pages: ``int32 [nd]`` past pages of each request.
+        rows: ``int64 [nd * Hkv]`` their selection rows.
+        excluded: ``bool [nd * Hkv, P_max]`` forced pages and padding.
+        counts: ``int32 [nd * Hkv]`` pages each row selects; ``max_select`` their maximum.
+    """
+
+    tokens: torch.Tensor
+    blocks: torch.Tensor
+    num_pages: torch.Tensor
+    rows: torch.Tensor
+    excluded: torch.Tensor
+    counts: torch.Tensor
+    max_select: int
+
+
+def decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) -> _DecodeBatch | None:
+    """The step's sparse decode requests as one batch (``None`` if there are none); cached on the plan."""
+    key = ("quest_decode", num_kv_heads, block_table.data_ptr())
+    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, num_kv_heads))
+
+
+def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
+    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
+    if not reqs:
+        return None
+    device = block_table.device
+    p_max = max(q.num_past_pages for _, q in reqs)
+    host = torch.tensor(
+        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
+        dtype=torch.int64,
+    ).to(device, non_blocking=True)
+    req, tok, past, head_end, tail, num_select = (host[:, i] for i in range(6))
+    p = torch.arange(p_max, device=device)[None, :]
+    excluded = (p >= past[:, None]) | (p < head_end[:, None]) | (p >= tail[:, None])  # [nd, P_max]
+    blocks = block_table.long()[req[:, None], torch.minimum(p, past[:, None] - 1)]  # padding: last past page
+    heads = torch.arange(hkv, device=device)
+    return _DecodeBatch(
+        tokens=tok,
+        blocks=blocks.contiguous(),
+        num_pages=past.to(torch.int32),
+        rows=(req[:, None] * hkv + heads[None, :]).reshape(-1),
+        excluded=excluded.repeat_interleave(hkv, dim=0),
+        counts=num_select.repeat_interleave(hkv).to(torch.int32),
+        max_select=max(q.num_select for _, q in reqs),
+    )

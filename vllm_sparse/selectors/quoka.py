@@ -16,6 +16,8 @@ sink and local window are forced on top; see docs in README.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
@@ -23,20 +25,32 @@ from vllm_sparse.policy import StepPlan
 from vllm_sparse.selectors.base import Selection, empty_selection, forced_past, past_page_ids
 
 
+def query_mean_similarity(q: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``float32 [Hq, C]``: ``(q . mean) / ||q||`` for ``q [C, Hq, D]`` and ``mean float32 [Hq, D]``
+    (the cosine to the head's mean up to a per-head constant). Triton on CUDA, torch elsewhere."""
+    if q.is_cuda and q.stride(-1) == 1:
+        from vllm_sparse.kernels.quoka_query import query_mean_similarity_triton
+
+        return query_mean_similarity_triton(q, mean)
+    qf = q.float()
+    return ((qf * mean).sum(-1) / qf.norm(dim=-1).clamp_min(1e-12)).T
+
+
 def subselect_queries(q: torch.Tensor, num_queries: int) -> torch.Tensor:
     """The ``num_queries`` queries per head least similar to the head's mean query.
 
     Args:
-        q: ``[C, Hq, D]`` float32.
+        q: ``[C, Hq, D]`` (any float dtype; kept).
     Returns:
         ``[min(C, num_queries), Hq, D]``, ordered by rank (most dissimilar first) when subselected.
     """
-    if q.shape[0] <= num_queries:
+    c, hq, _ = q.shape
+    if c <= num_queries:
         return q
-    mean = q.mean(dim=0, keepdim=True)  # [1, Hq, D]
-    sim = torch.nn.functional.cosine_similarity(q, mean, dim=-1)  # [C, Hq]
-    idx = torch.topk(-sim, num_queries, dim=0).indices  # [NQ, Hq]
-    return torch.gather(q, 0, idx[:, :, None].expand(-1, -1, q.shape[-1]))
+    mean = q.sum(dim=0, dtype=torch.float32) / c  # [Hq, D]
+    sim = query_mean_similarity(q, mean)  # [Hq, C]
+    idx = torch.topk(sim, num_queries, dim=1, largest=False).indices  # [Hq, NQ], ascending
+    return q[idx.T, torch.arange(hq, device=q.device)[None, :]]
 
 
 def group_query(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -58,12 +72,45 @@ def score_pages(qbar: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def _score(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Page scores ``[Hkv, P]``: the Triton kernel on CUDA (keys read in place), the torch twin elsewhere."""
+    """Page scores ``[Hkv, P]``: the Triton kernel on CUDA, the native kernel on CPU (both read the
+    keys in place), else the torch twin."""
     if qbar.is_cuda and page_keys.stride(-1) == 1:
         from vllm_sparse.kernels.quoka_score import score_pages_triton
 
         return score_pages_triton(qbar, page_keys, ids.contiguous())
+    from vllm_sparse.kernels import cpu_native
+
+    if cpu_native.usable(qbar, page_keys, ids):
+        return cpu_native.quoka_score(qbar, page_keys, ids)
     return score_pages(qbar, page_keys[ids])
+
+
+def _score_topk(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor, excluded, k: int):
+    """Fused native CPU scoring + excluded mask + top-k (``int64 [R, k]``), or ``None`` where the
+    native kernels do not apply (GPU tensors, no compiler, ``VLLM_SPARSE_NATIVE=0``)."""
+    from vllm_sparse.kernels import cpu_native
+
+    if not cpu_native.usable(qbar, page_keys, ids, excluded):
+        return None
+    return cpu_native.quoka_score_topk(qbar, page_keys, ids, excluded, k)
+
+
+def _top_pages(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor, excluded, k: int) -> torch.Tensor:
+    """Indices ``int64 [R, k]`` into ``ids``' columns of the ``k`` best-scoring pages per row.
+
+    Args:
+        qbar: ``float32 [R, nq, D]`` grouped queries; ids: ``int [R, P]`` physical pages;
+        excluded: column indices ``int64 [F]`` (every row) or a mask ``bool [R, P]`` never picked.
+    """
+    top = _score_topk(qbar, page_keys, ids, excluded, k)
+    if top is not None:
+        return top
+    scores = _score(qbar, page_keys, ids)  # [R, P]
+    if excluded.dtype == torch.bool:
+        scores.masked_fill_(excluded, float("-inf"))
+    else:
+        scores.index_fill_(1, excluded, float("-inf"))  # no sync (index_put would)
+    return torch.topk(scores, k, dim=1).indices
 
 
 class QuokaSelector:
@@ -79,20 +126,82 @@ class QuokaSelector:
         plan: StepPlan,
         meta: PageMeta | None = None,
     ) -> Selection:
-        """See ``selectors.base.Selector``; query ``[T, Hq, D]``, returns rows ``B * Hkv``; no metadata."""
+        """See ``selectors.base.Selector``; query ``[T, Hq, D]``, returns rows ``B * Hkv``; no metadata.
+
+        Sparse decode requests (one query token each) are scored together in one batch; prefill
+        chunks one request at a time.
+        """
         hkv = layout.num_kv_heads
         sel = empty_selection(plan, hkv, query.device)
+        batch = _decode_batch(plan, block_table, layout)
+        if batch is not None:
+            q = query[batch.tokens]  # [nd, Hq, D]
+            qbar = group_query(q.float(), hkv).transpose(0, 1).reshape(-1, 1, q.shape[-1])  # [nd * Hkv, 1, D]
+            top = _top_pages(qbar, page_keys, batch.ids, batch.excluded, batch.max_select)
+            sel.indices[batch.rows, : batch.max_select] = top
+            sel.counts[batch.rows] = batch.counts
         for r, req in enumerate(plan.requests):
-            if not req.sparse or req.num_select == 0:
+            if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
-            q = query[req.query_start : req.query_start + req.query_len].float()
-            qbar = group_query(subselect_queries(q, self.num_queries), hkv)
+            q = subselect_queries(query[req.query_start : req.query_start + req.query_len], self.num_queries)
+            qbar = group_query(q.float(), hkv)
             ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
-            scores = _score(qbar, page_keys, ids)  # [Hkv, P]
-            forced = forced_past(req, scores.device)
-            scores[:, forced] = float("-inf")
-            top = torch.topk(scores, req.num_select, dim=1).indices
+            top = _top_pages(qbar, page_keys, ids, forced_past(req, ids.device), req.num_select)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
         return sel
+
+
+@dataclass(frozen=True)
+class _DecodeBatch:
+    """The sparse decode requests of a step, as rows scored together (built once per step).
+
+    Attributes:
+        tokens: ``int64 [nd]`` query token of each decode request.
+        rows: ``int64 [nd * Hkv]`` their selection rows.
+        ids: ``int64 [nd * Hkv, P_max]`` physical past pages (padded with the row's last past page).
+        excluded: ``bool [nd * Hkv, P_max]`` forced pages and padding.
+        counts: ``int32 [nd * Hkv]`` pages each row selects; ``max_select`` their maximum.
+    """
+
+    tokens: torch.Tensor
+    rows: torch.Tensor
+    ids: torch.Tensor
+    excluded: torch.Tensor
+    counts: torch.Tensor
+    max_select: int
+
+
+def _decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> _DecodeBatch | None:
+    """The step's sparse decode requests as one batch (``None`` if there are none)."""
+    key = ("quoka_decode", layout.num_kv_heads, layout.num_head_slots, block_table.data_ptr())
+    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, layout))
+
+
+def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> _DecodeBatch | None:
+    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
+    if not reqs:
+        return None
+    hkv, device = layout.num_kv_heads, block_table.device
+    p_max = max(q.num_past_pages for _, q in reqs)
+    host = torch.tensor(
+        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
+        dtype=torch.int64,
+    ).to(device, non_blocking=True)
+    req, tok, past, head_end, tail = (host[:, i] for i in range(5))
+    p = torch.arange(p_max, device=device)[None, :]
+    excluded = (p >= past[:, None]) | (p < head_end[:, None]) | (p >= tail[:, None])  # [nd, P_max]
+    blocks = block_table.long()[req[:, None], torch.minimum(p, past[:, None] - 1)]  # padding: last past page
+    heads = torch.arange(hkv, device=device)
+    ids = layout.page_ids(blocks[:, None, :], heads[None, :, None]).reshape(-1, p_max)  # [nd * Hkv, P_max]
+    rows = (req[:, None] * hkv + heads[None, :]).reshape(-1)
+    counts = host[:, 5].repeat_interleave(hkv).to(torch.int32)
+    return _DecodeBatch(
+        tok,
+        rows,
+        ids,
+        excluded.repeat_interleave(hkv, dim=0),
+        counts,
+        max(q.num_select for _, q in reqs),
+    )

@@ -3,7 +3,8 @@
 Per sparse request and KV head:
 
 1. the base selector (Quest by default) proposes ``plan.num_select`` candidate past pages (the
-   policy caps that at ``twilight.candidate_fraction`` of the context and at the budget);
+   policy sets that to ``twilight.candidate_fraction`` of the context, clamped by the budget's
+   ``max_tokens``);
 2. every query head estimates its attention weights over the candidate tokens and the forced
    past tokens (sink, local window) from the INT4 key shadows
    (``metadata/int4_shadow.py``): ``softmax(q . k_int4 * scale)``; in a prefill chunk the
@@ -18,9 +19,16 @@ Differences from the paper: pages rather than tokens are kept (a page with a hea
 kept whole), the forced sink/local pages count towards ``top_p`` (the chunk's own tokens do not
 enter the estimate), and chunks use the mean distribution over their queries; the paper is
 decode-only.
+
+The sparse decode requests of a step (one query each) go together: their candidate rows
+(requests x KV heads, padded to the largest count) are estimated in one batch, pruned by one
+sort + cumulative sum, and written with per-row counts that stay on the device; prefill chunks
+go one request at a time.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -55,6 +63,68 @@ def estimate_page_mass(q: torch.Tensor, keys: torch.Tensor, page_size: int, scal
     return (total / c).view(hkv, g, t // page_size, page_size).sum(dim=-1)
 
 
+def estimate_page_mass_rows(
+    q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor, page_size: int, scale: float
+) -> torch.Tensor:
+    """Estimated attention mass per page of one decode query per slot, every KV head a row.
+
+    Args:
+        q: ``[S, Hq, D]`` one query per slot (request).
+        meta: the shadow planes (``codes/scale/zero``).
+        blocks: ``int64 [S * Hkv, P]`` physical block of each page of row ``slot * Hkv + kv_head``;
+            ``-1`` marks padding (zero mass, outside the softmax).
+        page_size: ``N``.
+        scale: softmax scale.
+    Returns:
+        ``[S * Hkv, G, P]`` float32: row by row what ``estimate_page_mass`` gives for the row's
+        query heads and valid pages.
+    """
+    s, hq, d = q.shape
+    rows, p = blocks.shape
+    hkv = rows // s
+    g = hq // hkv
+    qr = q.float().view(rows, g, d)  # row slot * Hkv + kv: query heads kv * G ... kv * G + G - 1
+    heads = torch.arange(rows, device=blocks.device)[:, None] % hkv
+    out = torch.empty(rows, g, p, dtype=torch.float32, device=q.device)
+    step = max(1, (1 << 22) // max(1, p * page_size * d))  # rows at a time: bounds the dequantized keys
+    for a in range(0, rows, step):
+        b = min(a + step, rows)
+        blk, hd = blocks[a:b].clamp(min=0), heads[a:b]
+        keys = dequantize_int4(meta.codes[blk, hd], meta.scale[blk, hd], meta.zero[blk, hd])  # [r, P, N, D]
+        logits = torch.bmm(qr[a:b], keys.flatten(1, 2).transpose(1, 2)) * scale  # [r, G, P * N]
+        pad = (blocks[a:b] < 0).repeat_interleave(page_size, dim=1)  # [r, P * N]
+        w = torch.softmax(logits.masked_fill(pad[:, None, :], float("-inf")), dim=-1)
+        out[a:b] = w.view(b - a, g, p, page_size).sum(dim=-1)
+    return out
+
+
+def _triton_ok(q: torch.Tensor) -> bool:
+    """Whether the Triton kernels estimate (CUDA tensors)."""
+    return q.is_cuda
+
+
+def _page_mass(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor, page_size: int, scale: float) -> torch.Tensor:
+    """``[Hkv, G, P]`` estimated mass of the pages in ``blocks`` (``int64 [Hkv, P]``): the Triton
+    kernel on CUDA (shadows read in place, never dequantized to memory), the torch twin elsewhere."""
+    if _triton_ok(q):
+        from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_triton
+
+        return estimate_page_mass_triton(q, meta.codes, meta.scale, meta.zero, blocks, scale)
+    heads = torch.arange(blocks.shape[0], device=blocks.device)[:, None]
+    keys = dequantize_int4(meta.codes[blocks, heads], meta.scale[blocks, heads], meta.zero[blocks, heads])
+    return estimate_page_mass(q, keys.flatten(1, 2), page_size, scale)
+
+
+def _rows_page_mass(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor, page_size: int, scale: float):
+    """``[S * Hkv, G, P]`` estimated mass of decode rows (``blocks [S * Hkv, P]``, ``-1`` padding):
+    one Triton launch per pass on CUDA, the torch twin elsewhere."""
+    if _triton_ok(q):
+        from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_rows_triton
+
+        return estimate_page_mass_rows_triton(q, meta.codes, meta.scale, meta.zero, blocks, scale)
+    return estimate_page_mass_rows(q, meta, blocks, page_size, scale)
+
+
 def top_p_keep(cand_mass: torch.Tensor, forced_mass: torch.Tensor, top_p: float) -> torch.Tensor:
     """Smallest per-head page sets reaching ``top_p``, united over the GQA group.
 
@@ -74,11 +144,14 @@ def top_p_keep(cand_mass: torch.Tensor, forced_mass: torch.Tensor, top_p: float)
 
 
 class TwilightSelector:
-    def __init__(self, base: Selector, top_p: float = 0.95, scale: float | None = None):
-        """``base``: candidate selector; ``scale``: softmax scale (default ``1/sqrt(D)``)."""
+    def __init__(self, base: Selector, top_p: float = 0.95, scale: float | None = None, batch_decode: bool = True):
+        """``base``: candidate selector; ``scale``: softmax scale (default ``1/sqrt(D)``);
+        ``batch_decode``: estimate the step's decode requests together (``False``: one request at
+        a time, the reference)."""
         self.base = base
         self.top_p = top_p
         self.scale = scale
+        self.batch_decode = batch_decode
 
     def __call__(
         self,
@@ -91,29 +164,109 @@ class TwilightSelector:
     ) -> Selection:
         """See ``selectors.base.Selector``; query ``[T, Hq, D]``, reads ``meta.codes``
         ``[num_blocks, Hkv, N, D/2]`` and ``meta.scale/zero [num_blocks, Hkv, N]``; returns rows
-        ``B * Hkv`` with ``counts <= num_select``, kept pages first."""
+        ``B * Hkv`` with ``counts <= num_select``, kept pages first.
+
+        Sparse decode requests (one query token each) are estimated and pruned together, their
+        variable counts staying on the device; prefill chunks one request at a time."""
         if meta is None or meta.codes is None:
             raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
         cand = self.base(query, page_keys, block_table, layout, plan, meta)
         hkv, n = layout.num_kv_heads, layout.page_size
         sel = empty_selection(plan, hkv, query.device)
         scale = self.scale or query.shape[-1] ** -0.5
-        heads = torch.arange(hkv, device=query.device)[:, None]
+        batch = _decode_batch(plan, block_table, hkv) if self.batch_decode else None
+        if batch is not None:
+            self._decode(query, meta, batch, cand, sel, n, scale)
         for r, req in enumerate(plan.requests):
-            if not req.sparse or req.num_select == 0:
+            if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
             rows = slice(r * hkv, (r + 1) * hkv)
             k = req.num_select
             picked = cand.indices[rows, :k]  # [Hkv, K] logical candidate pages
             forced = forced_past(req, picked.device)
             pages = torch.cat([forced[None, :].expand(hkv, -1), picked], dim=1)  # [Hkv, F + K]
-            blocks = block_table[r].long()[pages]
-            keys = dequantize_int4(meta.codes[blocks, heads], meta.scale[blocks, heads], meta.zero[blocks, heads])
+            blocks = block_table[r].long()[pages]  # [Hkv, F + K]
             q = query[req.query_start : req.query_start + req.query_len]
-            mass = estimate_page_mass(q, keys.flatten(1, 2), n, scale)  # [Hkv, G, F + K]
+            mass = _page_mass(q, meta, blocks, n, scale)  # [Hkv, G, F + K]
             f = forced.numel()
             keep = top_p_keep(mass[..., f:], mass[..., :f].sum(dim=-1), self.top_p)  # [Hkv, K]
             order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept pages first
             sel.indices[rows, :k] = picked.gather(1, order)
             sel.counts[rows] = keep.sum(dim=1).to(torch.int32)
         return sel
+
+    def _decode(self, query, meta, batch: "_DecodeBatch", cand: Selection, sel: Selection, n: int, scale: float):
+        """Every decode row at once: rows' pages are ``[candidates | forced past pages]``, each part
+        padded (block ``-1``) to the step's largest count; no host sync."""
+        k = batch.max_select
+        picked = cand.indices.index_select(0, batch.rows)[:, :k]  # [R, K_max] logical candidates
+        valid = batch.cand_valid
+        flat = batch.row_table[:, None] + picked.masked_fill(~valid, 0)  # into the decode requests' table rows
+        cand_blocks = batch.table.take(flat).masked_fill_(~valid, -1)
+        blocks = torch.cat([cand_blocks, batch.forced_blocks], dim=1)  # [R, K_max + F_max]
+        mass = _rows_page_mass(query.index_select(0, batch.tokens), meta, blocks, n, scale)  # [R, G, K_max + F_max]
+        keep = top_p_keep(mass[..., :k], mass[..., k:].sum(dim=-1), self.top_p) & valid  # [R, K_max]
+        order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept, other candidates, padding
+        sel.indices[:, :k].index_copy_(0, batch.rows, picked.gather(1, order))  # (no index_put: no sync)
+        sel.counts.index_copy_(0, batch.rows, keep.sum(dim=1).to(torch.int32))
+
+
+@dataclass(frozen=True)
+class _DecodeBatch:
+    """The sparse decode requests of a step as rows (requests x KV heads), built once per step.
+
+    Attributes:
+        tokens: ``int64 [nd]`` query token of each decode request.
+        rows: ``int64 [nd * Hkv]`` their selection rows.
+        table: ``int64 [nd * W]`` the requests' block-table rows, flattened.
+        row_table: ``int64 [nd * Hkv]`` offset of each row's request in ``table``.
+        forced_blocks: ``int64 [nd * Hkv, F_max]`` blocks of the forced past pages (sink, local
+            window), ``-1`` padding.
+        cand_valid: ``bool [nd * Hkv, K_max]`` candidate columns of each row (``< num_select``).
+        max_select: ``K_max``.
+    """
+
+    tokens: torch.Tensor
+    rows: torch.Tensor
+    table: torch.Tensor
+    row_table: torch.Tensor
+    forced_blocks: torch.Tensor
+    cand_valid: torch.Tensor
+    max_select: int
+
+
+def _decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) -> _DecodeBatch | None:
+    key = ("twilight_decode", num_kv_heads, block_table.data_ptr())
+    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, num_kv_heads))
+
+
+def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
+    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
+    if not reqs:
+        return None
+    device = block_table.device
+    # forced past pages of a request: [0, forced_head) + [forced_tail, num_past_pages)
+    f_max = max(q.forced_head + max(0, q.num_past_pages - q.forced_tail) for _, q in reqs)
+    k_max = max(q.num_select for _, q in reqs)
+    host = torch.tensor(
+        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
+        dtype=torch.int64,
+    ).to(device, non_blocking=True)
+    req, tok, past, head_end, tail, num_select = (host[:, i] for i in range(6))
+    table = block_table.long()[req]  # [nd, W]
+    width = table.shape[1]
+    f = torch.arange(f_max, device=device)[None, :]
+    page = torch.where(f < head_end[:, None], f, tail[:, None] + f - head_end[:, None])
+    fvalid = page < past[:, None]
+    forced = table.gather(1, torch.where(fvalid, page, 0)).masked_fill_(~fvalid, -1)  # [nd, F_max]
+    heads = torch.arange(hkv, device=device)
+    slot = torch.arange(len(reqs), device=device)
+    return _DecodeBatch(
+        tokens=tok,
+        rows=(req[:, None] * hkv + heads[None, :]).reshape(-1),
+        table=table.reshape(-1),
+        row_table=(slot * width).repeat_interleave(hkv),
+        forced_blocks=forced.repeat_interleave(hkv, dim=0),
+        cand_valid=(torch.arange(k_max, device=device)[None, :] < num_select[:, None]).repeat_interleave(hkv, dim=0),
+        max_select=k_max,
+    )

@@ -1,0 +1,312 @@
+"""Native CPU kernels (vllm_sparse/csrc/quoka_cpu.cpp) against their torch twins; the loader's fallback.
+
+Twins: ``selectors.quoka.score_pages`` (scoring) and ``torch.topk`` on masked scores (top-k).
+Random, never-zero inputs; page sizes 16 and 32 (and odd ones), D 64 and 128, bf16/fp16/fp32
+caches in both in-page orders, 1 to 64 queries, 1 to 3000 pages, non-contiguous page ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import gen, randn, single_thread  # noqa: F401  (autouse fixture: one torch thread)
+
+from vllm_sparse.kernels import cpu_native
+from vllm_sparse.layout import PageLayout
+from vllm_sparse.selectors import quoka
+from vllm_sparse.selectors.quoka import group_query, score_pages
+
+HAS_CXX = shutil.which(os.environ.get("CXX") or "c++") is not None
+needs_native = pytest.mark.skipif(
+    not HAS_CXX or not cpu_native.enabled_by_env(), reason="no C++ compiler, or VLLM_SPARSE_NATIVE=0"
+)
+
+
+@pytest.fixture
+def fresh_loader(monkeypatch):
+    """A loader that has decided nothing yet; the process's decision is restored afterwards."""
+    saved = dict(cpu_native._state)
+    cpu_native._state.clear()
+    yield
+    cpu_native._state.clear()
+    cpu_native._state.update(saved)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def sparse_log():
+    """Records of the ``vllm_sparse`` logger (attached directly: it may not propagate)."""
+    log = logging.getLogger("vllm_sparse")
+    h, level = _Records(), log.level
+    log.addHandler(h)
+    log.setLevel(logging.DEBUG)
+    yield h.records
+    log.removeHandler(h)
+    log.setLevel(level)
+
+
+def make_case(n, d, dtype, nq, p, hkv=2, order="planes", seed=0):
+    """A random cache with spare blocks and shuffled, non-contiguous page ids ``[Hkv, P]``."""
+    g = gen(seed + 1000 * n + d + 7 * nq + p)
+    slots = hkv + 1  # a metadata-like spare slot: ids are not dense
+    nb = p + 3
+    kv = randn(nb, slots, n, 2 * d, g=g, dtype=dtype) + 0.1
+    layout = PageLayout.of(kv, hkv, order)
+    pk = layout.page_keys(kv)
+    blocks = torch.randperm(nb, generator=g)[:p]
+    ids = layout.page_ids(blocks[None, :], torch.arange(hkv)[:, None])  # [Hkv, P]
+    q = randn(nq, hkv * 3, d, g=g) + 0.2
+    return group_query(q, hkv), pk, ids
+
+
+def twin_scores(qbar, pk, ids):
+    return score_pages(qbar, pk[ids])
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_native
+@pytest.mark.parametrize("n", [16, 32])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nq", [1, 13, 64])
+@pytest.mark.parametrize("order", ["planes", "interleaved"])
+def test_score_matches_twin(n, d, dtype, nq, order):
+    for p in (1, 7, 300):
+        qbar, pk, ids = make_case(n, d, dtype, nq, p, order=order)
+        torch.testing.assert_close(
+            cpu_native.quoka_score(qbar, pk, ids), twin_scores(qbar, pk, ids), rtol=1e-5, atol=1e-5
+        )
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "n,d,dtype,nq",
+    [
+        (5, 24, torch.float16, 3),
+        (20, 40, torch.bfloat16, 12),
+        (48, 64, torch.float32, 25),
+        (64, 128, torch.float16, 64),
+    ],
+)
+def test_score_odd_shapes(n, d, dtype, nq):
+    """Page sizes that are not a multiple of 16 (masked tails), D not a multiple of 16, fp16."""
+    for order in ("planes", "interleaved"):
+        qbar, pk, ids = make_case(n, d, dtype, nq, 33, hkv=3, order=order)
+        torch.testing.assert_close(
+            cpu_native.quoka_score(qbar, pk, ids), twin_scores(qbar, pk, ids), rtol=1e-5, atol=1e-5
+        )
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_score_many_pages(threads):
+    torch.set_num_threads(threads)  # the autouse fixture restores it
+    qbar, pk, ids = make_case(32, 64, torch.bfloat16, 64, 3000)
+    torch.testing.assert_close(cpu_native.quoka_score(qbar, pk, ids), twin_scores(qbar, pk, ids), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_score_noncontiguous_ids_and_int32():
+    qbar, pk, ids = make_case(16, 64, torch.bfloat16, 9, 40, hkv=4)
+    strided = ids.t().contiguous().t()[:, ::3]  # not contiguous
+    assert not strided.is_contiguous()
+    want = twin_scores(qbar, pk, strided)
+    torch.testing.assert_close(cpu_native.quoka_score(qbar, pk, strided), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_native.quoka_score(qbar, pk, strided.int()), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_score_rejects_bad_ids():
+    qbar, pk, ids = make_case(16, 64, torch.float32, 2, 5)
+    bad = ids.clone()
+    bad[1, 2] = pk.shape[0]
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_native.quoka_score(qbar, pk, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k (compared by the values selected: ties may pick different but equal pages)
+# ---------------------------------------------------------------------------------------------
+
+
+def assert_same_selection(idx, scores, excluded, k, atol=0.0):
+    """``idx [H, k]`` selects the k best non-excluded entries of ``scores`` (by value), no repeats."""
+    s = scores.clone()
+    if excluded.dtype == torch.bool:
+        s[excluded] = float("-inf")
+    else:
+        s[:, excluded] = float("-inf")
+    want = torch.topk(s, k, dim=1).values
+    got = torch.gather(s, 1, idx).sort(dim=1, descending=True).values
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    for row in idx:
+        assert len(set(row.tolist())) == k
+
+
+@needs_native
+@pytest.mark.parametrize("h,p,k", [(1, 1, 1), (2, 1, 0), (2, 10, 3), (3, 257, 100), (2, 3000, 375), (2, 64, 64)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_masked_topk_matches_torch(h, p, k, mask):
+    g = gen(h * 10000 + p + k)
+    scores = randn(h, p, g=g)
+    if mask:
+        excluded = torch.rand(h, p, generator=g) < 0.2
+        excluded[:, p - k :] = False  # at least k candidates per row
+    else:
+        excluded = torch.randperm(p, generator=g)[: max(0, (p - k) // 2)]
+    idx = cpu_native.masked_topk(scores, excluded, k)
+    assert idx.shape == (h, k) and idx.dtype == torch.int64
+    assert_same_selection(idx, scores, excluded, k)
+    if k:  # best first, like torch.topk
+        s = torch.gather(scores, 1, idx)
+        assert torch.all(s[:, :-1] >= s[:, 1:])
+
+
+@needs_native
+def test_masked_topk_ties_and_nan():
+    scores = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.5], [float("nan"), 0.0, 0.0, 3.0, 3.0]])
+    idx = cpu_native.masked_topk(scores, torch.tensor([1]), 2)
+    assert idx.tolist() == [[2, 3], [0, 3]]  # ties: lower column; NaN ranks first (as torch.topk)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "n,d,dtype,nq,p",
+    [
+        (32, 64, torch.bfloat16, 64, 1024),
+        (16, 128, torch.float32, 1, 500),
+        (32, 128, torch.bfloat16, 7, 2000),
+        (16, 64, torch.float16, 33, 1),
+    ],
+)
+def test_score_topk_fused(n, d, dtype, nq, p):
+    qbar, pk, ids = make_case(n, d, dtype, nq, p)
+    forced = torch.cat([torch.arange(min(p, 2)), torch.arange(max(0, p - 5), p)]).unique()
+    k = max(0, min(p - forced.numel(), p // 8 + 1))
+    idx = cpu_native.quoka_score_topk(qbar, pk, ids, forced, k)
+    assert_same_selection(idx, twin_scores(qbar, pk, ids), forced, k, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# the selector uses it, and falls back to the torch path
+# ---------------------------------------------------------------------------------------------
+
+
+def _torch_top_pages(qbar, pk, ids, excluded, k):
+    s = twin_scores(qbar, pk, ids)
+    if excluded.dtype == torch.bool:
+        s.masked_fill_(excluded, float("-inf"))
+    else:
+        s[:, excluded] = float("-inf")
+    return torch.topk(s, k, dim=1).indices
+
+
+@needs_native
+def test_selector_takes_the_native_path(monkeypatch):
+    calls = []
+    real = cpu_native.quoka_score_topk
+    monkeypatch.setattr(cpu_native, "quoka_score_topk", lambda *a: calls.append(1) or real(*a))
+    qbar, pk, ids = make_case(32, 64, torch.bfloat16, 16, 200)
+    forced = torch.tensor([0, 198, 199])
+    got = quoka._top_pages(qbar, pk, ids, forced, 20)
+    assert calls == [1]
+    assert_same_selection(got, twin_scores(qbar, pk, ids), forced, 20, atol=1e-5)
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    mask[0, :50] = True
+    assert_same_selection(quoka._top_pages(qbar, pk, ids, mask, 20), twin_scores(qbar, pk, ids), mask, 20, atol=1e-5)
+
+
+def test_fallback_warns_once(monkeypatch, fresh_loader, sparse_log):
+    def broken(*a, **k):
+        raise RuntimeError("no C++ compiler found (looked for 'c++'; set CXX)")
+
+    monkeypatch.setattr(cpu_native, "build", broken)
+    qbar, pk, ids = make_case(16, 64, torch.bfloat16, 5, 60)
+    forced = torch.tensor([0, 59])
+    for _ in range(3):
+        got = quoka._top_pages(qbar, pk, ids, forced, 10)
+        assert torch.equal(got, _torch_top_pages(qbar, pk, ids, forced, 10))
+        torch.testing.assert_close(quoka._score(qbar, pk, ids), twin_scores(qbar, pk, ids), rtol=0, atol=0)
+    warnings = [r for r in sparse_log if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "torch path" in warnings[0].getMessage() and "no C++ compiler" in warnings[0].getMessage()
+    assert cpu_native.load() is None and not cpu_native.available()
+
+
+def test_missing_compiler_reason(monkeypatch, fresh_loader, sparse_log, tmp_path):
+    monkeypatch.setenv("CXX", "no-such-compiler-vllm-sparse")
+    monkeypatch.setenv("VLLM_SPARSE_CACHE", str(tmp_path))
+    assert cpu_native.load() is None
+    (w,) = [r for r in sparse_log if r.levelno == logging.WARNING]
+    assert "no-such-compiler-vllm-sparse" in w.getMessage()
+
+
+def test_failed_build_reason(monkeypatch, fresh_loader, sparse_log, tmp_path):
+    """A compiler that fails: the warning names the exit status and where the full log is."""
+    fake = tmp_path / "badcxx"
+    fake.write_text("#!/bin/sh\necho 'fatal error: something broke' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("VLLM_SPARSE_CACHE", str(tmp_path / "cache"))
+    assert cpu_native.load() is None
+    (w,) = [r for r in sparse_log if r.levelno == logging.WARNING]
+    assert "exit 3" in w.getMessage() and "something broke" in w.getMessage()
+    assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-written left behind
+
+
+def test_env_forces_torch_path(monkeypatch, fresh_loader, sparse_log):
+    monkeypatch.setenv("VLLM_SPARSE_NATIVE", "0")
+    monkeypatch.setattr(cpu_native, "build", lambda *a, **k: pytest.fail("must not build"))
+    qbar, pk, ids = make_case(16, 64, torch.float32, 3, 20)
+    assert _torch_top_pages(qbar, pk, ids, torch.tensor([0]), 4).equal(
+        quoka._top_pages(qbar, pk, ids, torch.tensor([0]), 4)
+    )
+    assert not [r for r in sparse_log if r.levelno >= logging.WARNING]
+
+
+@needs_native
+def test_concurrent_builds(tmp_path):
+    """Two processes building into one empty cache at once: both load, one library, no temp files."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from vllm_sparse.kernels import cpu_native
+        ops = cpu_native.load()
+        assert ops is not None, cpu_native._state
+        q = torch.randn(1, 2, 64); k = torch.randn(4, 16, 64); ids = torch.tensor([[0, 3]])
+        print(cpu_native.quoka_score(q, k, ids).shape)
+        """
+    )
+    env = {**os.environ, "VLLM_SPARSE_CACHE": str(tmp_path), "VLLM_SPARSE_NATIVE": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert "torch.Size([1, 2])" in out
+    libs = list(tmp_path.rglob("*.so"))
+    assert len(libs) == 1 and libs[0].name == "vllm_sparse_cpu.so"
+    assert not [f for f in libs[0].parent.iterdir() if f.name.startswith(".")]

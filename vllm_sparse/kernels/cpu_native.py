@@ -1,0 +1,223 @@
+"""Native CPU kernels (``vllm_sparse/csrc/quoka_cpu.cpp``): JIT-built against the imported torch.
+
+The C++ source ships inside the package and is compiled on first use with the system's C++
+compiler (``$CXX``, else ``c++``) against the headers and libraries of whatever torch is imported,
+so the library always matches the user's torch (no build isolation, no prebuilt wheel). The
+result is cached in ``$VLLM_SPARSE_CACHE/ext/<key>/`` (default ``~/.cache/vllm-sparse/ext``), the key
+being the torch version and commit, the C++ ABI, the machine type and a hash of the source and
+flags. A build runs under an exclusive file lock and writes to a temporary file that is renamed
+into place, so concurrent processes (vLLM workers) build once and never load a half-written file.
+The AVX-512 code paths are picked at run time, so one build serves every x86-64 CPU.
+
+Without a compiler, or when the build fails, everything runs on the torch path and the
+``vllm_sparse`` logger warns once per process with the reason. ``VLLM_SPARSE_NATIVE=0`` forces the
+torch path (no build, no warning).
+
+Ops (``torch.ops.vllm_sparse_cpu``), each with a torch twin that ``tests/test_cpu_native.py``
+compares against: :func:`quoka_score`, :func:`masked_topk`, :func:`quoka_score_topk`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("vllm_sparse")
+
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quoka_cpu.cpp"
+LIB_NAME = "vllm_sparse_cpu"
+_FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-DNDEBUG"]
+
+_state: dict = {}  # "ops": the op namespace or None once decided; "reason": why not
+_off = [0]  # > 0 inside torch_path()
+
+
+def enabled_by_env() -> bool:
+    """False when ``VLLM_SPARSE_NATIVE=0`` (or ``false``/``off``/``no``) forces the torch path."""
+    return os.environ.get("VLLM_SPARSE_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: ``$VLLM_SPARSE_CACHE/ext`` or ``~/.cache/vllm-sparse/ext``."""
+    base = os.environ.get("VLLM_SPARSE_CACHE") or Path.home() / ".cache" / "vllm-sparse"
+    return Path(base) / "ext"
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "c++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise RuntimeError(f"no C++ compiler found (looked for {cxx!r}; set CXX)")
+    return path
+
+
+def _build_command(cxx: str, out: Path) -> list[str]:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    libs = library_paths()
+    cmd = [cxx, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    cmd += [f"-I{p}" for p in include_paths()]
+    cmd += [str(SOURCE), "-o", str(out)]
+    cmd += [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs] + ["-lc10", "-ltorch_cpu"]
+    return cmd
+
+
+def build_key(cxx: str) -> str:
+    """``torch<version>-<commit>-<machine>-<hash of source, flags, ABI, compiler>``."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(repr((_FLAGS, torch._C._GLIBCXX_USE_CXX11_ABI, cxx, sys.version_info[:2])).encode())
+    commit = (torch.version.git_version or "")[:8]
+    return f"torch{torch.__version__}-{commit}-{platform.machine()}-{h.hexdigest()[:16]}"
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    """Hold an exclusive lock on ``path`` for the block (no-op off POSIX); the kernel releases it
+    if the process dies, so a crashed build never blocks the next one."""
+    with open(path, "a+") as f:
+        try:
+            import fcntl
+
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        yield
+
+
+def build(timeout: float = 900.0) -> Path:
+    """Compile the library if it is not cached yet; returns its path. Raises on any failure."""
+    cxx = _compiler()
+    folder = cache_dir() / build_key(cxx)
+    lib = folder / f"{LIB_NAME}.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    with _lock(folder / "build.lock"):
+        if lib.exists():  # another process built it while we waited
+            return lib
+        fd, tmp = tempfile.mkstemp(prefix=f".{LIB_NAME}-", suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            cmd = _build_command(cxx, Path(tmp))
+            logger.info("vllm-sparse: building native CPU kernels into %s", folder)
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode != 0:
+                log = folder / "build.log"
+                log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
+                lines = proc.stderr.strip().splitlines() or ["(no output)"]
+                tail = next((x for x in lines if "error" in x), lines[-1]).strip()[:300]
+                raise RuntimeError(f"{Path(cxx).name} failed (exit {proc.returncode}: {tail}; full log {log})")
+            os.chmod(tmp, 0o755)  # mkstemp made it private
+            os.replace(tmp, lib)  # atomic: readers see no file or the whole file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return lib
+
+
+def load():
+    """The op namespace ``torch.ops.vllm_sparse_cpu``, or ``None`` on the torch path.
+
+    Decided once per process: builds (or finds) the library and loads it; on failure logs one
+    warning with the reason and returns ``None`` from then on.
+    """
+    if "ops" in _state:
+        return _state["ops"]
+    ops, reason = None, None
+    if not enabled_by_env():
+        reason = "VLLM_SPARSE_NATIVE=0"
+    elif platform.system() != "Linux":
+        reason = f"native CPU kernels are built on Linux only (this is {platform.system()})"
+    else:
+        try:
+            path = build()
+            if not hasattr(torch.ops, LIB_NAME) or not hasattr(getattr(torch.ops, LIB_NAME), "quoka_score"):
+                torch.ops.load_library(str(path))
+            ops = getattr(torch.ops, LIB_NAME)
+        except Exception as e:  # noqa: BLE001 -- any failure means: run the torch path
+            reason = f"{type(e).__name__}: {e}"
+            logger.warning("vllm-sparse: native CPU kernels unavailable, using the torch path (%s)", reason)
+    if reason == "VLLM_SPARSE_NATIVE=0":
+        logger.info("vllm-sparse: native CPU kernels disabled by VLLM_SPARSE_NATIVE=0")
+    _state.update(ops=ops, reason=reason)
+    return ops
+
+
+def available() -> bool:
+    """True when the native ops are loaded (building them on first call)."""
+    return load() is not None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when the native ops apply: every tensor on the CPU, the library loaded, and not inside
+    :func:`torch_path`."""
+    return not _off[0] and all(t.device.type == "cpu" for t in tensors) and available()
+
+
+@contextlib.contextmanager
+def torch_path():
+    """Inside this block the selectors take the torch path (A/B benchmarks and tests)."""
+    _off[0] += 1
+    try:
+        yield
+    finally:
+        _off[0] -= 1
+
+
+def quoka_score(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """QuoKA page scores, keys read in place. Twin: ``selectors.quoka.score_pages(qbar, page_keys[ids])``.
+
+    Args:
+        qbar: ``float32 [Hkv, nq, D]`` grouped unit queries (``selectors.quoka.group_query``).
+        page_keys: ``[num_pages, N, D]`` float32/bfloat16/float16 keys by physical page id, any
+            strides (``PageLayout.page_keys``; channel-major ``planes`` pages take the fast path).
+        ids: ``int [Hkv, P]`` physical page ids to score per KV head.
+    Returns:
+        ``float32 [Hkv, P]``: max over queries and the page's tokens of ``cos(q, k)``.
+    """
+    return load().quoka_score(qbar.float().contiguous(), page_keys, ids.long().contiguous())
+
+
+def _excluded(excluded: torch.Tensor) -> torch.Tensor:
+    return excluded.contiguous() if excluded.dtype == torch.bool else excluded.long().contiguous()
+
+
+def masked_topk(scores: torch.Tensor, excluded: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-``k`` columns per row, excluded entries never picked; ``int64 [H, k]``, best first.
+
+    Args:
+        scores: ``float32 [H, P]``.
+        excluded: ``int [F]`` columns excluded in every row, or a ``bool [H, P]`` mask.
+        k: ``0 <= k <= P``.
+    Twin: ``s = scores.clone(); s[:, excluded] = -inf`` (or ``s[excluded] = -inf`` for a mask);
+    ``torch.topk(s, k).indices``. Ties go to the lower column; NaN ranks first (as in torch.topk).
+    """
+    return load().masked_topk(scores.float().contiguous(), _excluded(excluded), int(k))
+
+
+def quoka_score_topk(
+    qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor, excluded: torch.Tensor, k: int
+) -> torch.Tensor:
+    """:func:`quoka_score` then :func:`masked_topk`, fused: ``int64 [Hkv, k]`` indices into ``ids``' columns.
+
+    Args:
+        qbar, page_keys, ids: as in :func:`quoka_score` (``ids`` rows may be any (request, KV head)
+            rows, as long as ``qbar`` has one row of queries for each).
+        excluded: ``int [F]`` columns (logical past pages: sink, local window) never selected, or a
+            ``bool [Hkv, P]`` mask of them per row.
+        k: pages to keep per row, ``0 <= k <= P``.
+    """
+    return load().quoka_score_topk(
+        qbar.float().contiguous(), page_keys, ids.long().contiguous(), _excluded(excluded), int(k)
+    )

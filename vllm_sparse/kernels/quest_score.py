@@ -1,0 +1,187 @@
+"""Triton Quest page bounds; twins: ``vllm_sparse.selectors.quest.page_upper_bounds`` (one request)
+and ``vllm_sparse.selectors.quest.page_upper_bounds_rows`` (decode rows of many requests).
+
+For every query head and past page, ``U = max_c sum_d max(q[c,d] * kmax[d], q[c,d] * kmin[d])``
+computed as ``q+ . kmax + q- . kmin`` (two matrix products per tile of queries and pages), with
+``kmin``/``kmax`` read in place from the metadata planes through the pages' physical blocks.
+
+One program scores a tile of pages of one row, a row being one (slot, KV head) pair: a slot is a
+request (its queries start at ``tokens[slot]``, its pages are ``blocks[slot]``), so a single
+launch scores every decode request of a step. The program's queries are the row's ``C x G``
+(query, head of the group) pairs, flattened, so a page summary is loaded once for the whole GQA
+group. The GQA reduction and the top-k (rank merges included) stay in torch (``selectors.quest``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _quest_bounds_kernel(
+    q_ptr,
+    kmin_ptr,
+    kmax_ptr,
+    blocks_ptr,
+    tokens_ptr,
+    npages_ptr,
+    out_ptr,
+    num_queries,
+    num_pages,
+    num_kv_heads,
+    stride_qc,
+    stride_qh,
+    stride_bs,
+    stride_mb,
+    stride_mh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    HAS_TOKENS: tl.constexpr,
+    HAS_NPAGES: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)  # (slot, KV head)
+    slot = row // num_kv_heads
+    kv = row % num_kv_heads
+    tok0 = 0
+    if HAS_TOKENS:
+        tok0 = tl.load(tokens_ptr + slot).to(tl.int64)
+    row_pages = num_pages
+    if HAS_NPAGES:
+        row_pages = tl.load(npages_ptr + slot)
+    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pm = p < row_pages  # the row's own pages (padding is neither read nor scored)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    blk = tl.load(blocks_ptr + slot.to(tl.int64) * stride_bs + p, mask=pm, other=0).to(tl.int64)
+    moff = blk[:, None] * stride_mb + kv * stride_mh + d[None, :]
+    kmax = tl.load(kmax_ptr + moff, mask=pm[:, None] & dm[None, :], other=0.0)  # [BLOCK_P, BLOCK_D]
+    kmin = tl.load(kmin_ptr + moff, mask=pm[:, None] & dm[None, :], other=0.0)
+    if not LOW_PRECISION:
+        kmax = kmax.to(tl.float32)
+        kmin = kmin.to(tl.float32)
+    gi = tl.arange(0, BLOCK_G)
+    best = tl.full([BLOCK_G, BLOCK_P], float("-inf"), tl.float32)
+    for i0 in range(0, num_queries * G, BLOCK_Q):
+        i = i0 + tl.arange(0, BLOCK_Q)  # flattened (query, head of the group): c * G + g
+        qm = i < num_queries * G
+        c = i // G
+        head = kv * G + i % G
+        q = tl.load(
+            q_ptr + (tok0 + c[:, None].to(tl.int64)) * stride_qc + head[:, None] * stride_qh + d[None, :],
+            mask=qm[:, None] & dm[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        qp = tl.maximum(q, 0.0).to(kmax.dtype)
+        qn = tl.minimum(q, 0.0).to(kmin.dtype)
+        if LOW_PRECISION:  # 16-bit operands: exact products, float32 sums
+            u = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
+        else:
+            u = tl.dot(qp, tl.trans(kmax), input_precision="ieee") + tl.dot(
+                qn, tl.trans(kmin), input_precision="ieee"
+            )
+        u = tl.where(qm[:, None], u, float("-inf"))  # [BLOCK_Q, BLOCK_P]
+        for g in tl.static_range(G):  # max over the tile's queries of head g
+            ug = tl.max(tl.where((i % G == g)[:, None], u, float("-inf")), axis=0)
+            best = tl.where(gi[:, None] == g, tl.maximum(best, ug[None, :]), best)
+    best = tl.where(pm[None, :], best, float("-inf"))
+    out = out_ptr + row.to(tl.int64) * G * num_pages + gi[:, None] * num_pages + p[None, :]
+    tl.store(out, best, mask=(gi[:, None] < G) & (p[None, :] < num_pages))
+
+
+def _launch(q, kmin, kmax, blocks, tokens, npages, num_slots, num_queries, hkv, out):
+    hq, d = q.shape[1], q.shape[2]
+    g = hq // hkv
+    p = blocks.shape[-1]
+    assert q.stride(-1) == 1 and kmin.stride(-1) == 1 and kmax.stride(-1) == 1
+    assert kmin.stride() == kmax.stride() and blocks.stride(-1) == 1
+    # 16-bit operands on the GPU (Triton's interpreter multiplies 16-bit dots wrongly; the products
+    # are exact either way, so both paths compute the same bounds)
+    low = q.is_cuda and q.dtype == kmin.dtype and q.dtype in (torch.bfloat16, torch.float16)
+    nq = num_queries * g
+    block_q = 16 if nq <= 16 else 64
+    block_p = 64 if p > 32 else 32
+    _quest_bounds_kernel[(num_slots * hkv, triton.cdiv(p, block_p))](
+        q,
+        kmin,
+        kmax,
+        blocks,
+        tokens if tokens is not None else blocks,
+        npages if npages is not None else blocks,
+        out,
+        num_queries,
+        p,
+        hkv,
+        q.stride(0),
+        q.stride(1),
+        blocks.stride(0) if blocks.dim() == 2 else 0,
+        kmin.stride(0),
+        kmin.stride(1),
+        G=g,
+        D=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_G=triton.next_power_of_2(g),
+        BLOCK_Q=block_q,
+        BLOCK_P=block_p,
+        HAS_TOKENS=tokens is not None,
+        HAS_NPAGES=npages is not None,
+        LOW_PRECISION=low,
+        num_warps=4,
+    )
+    return out
+
+
+def page_upper_bounds_triton(
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor
+) -> torch.Tensor:
+    """Quest bounds of every query head of one request for pages read in place.
+
+    Args:
+        q: ``[C, Hq, D]`` the chunk's queries (a strided view is fine; last dim contiguous).
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes (``PageMeta.kmin/kmax``).
+        blocks: ``int [P]`` physical block of each past page (shared by the KV heads).
+    Returns:
+        ``float32 [Hkv, G, P]``; equals ``page_upper_bounds(q, kmin[blocks].transpose(0, 1), ...)``.
+    """
+    c, hq, _ = q.shape
+    hkv = kmin.shape[1]
+    p = blocks.shape[0]
+    out = torch.empty(hkv, hq // hkv, p, dtype=torch.float32, device=q.device)
+    if p == 0 or c == 0:
+        return out.fill_(float("-inf"))
+    return _launch(q, kmin, kmax, blocks.contiguous(), None, None, 1, c, hkv, out)
+
+
+def page_upper_bounds_rows_triton(
+    query: torch.Tensor,
+    kmin: torch.Tensor,
+    kmax: torch.Tensor,
+    tokens: torch.Tensor,
+    blocks: torch.Tensor,
+    num_pages: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Quest bounds of many requests' decode queries in one launch.
+
+    Args:
+        query: ``[T, Hq, D]`` the step's queries (last dim contiguous).
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes.
+        tokens: ``int [S]`` query token of each slot (request).
+        blocks: ``int [S, P]`` physical block of each past page of each slot (padded).
+        num_pages: ``int [S]`` valid pages per slot (bounds past it are ``-inf``, never read);
+            ``None``: all ``P``.
+    Returns:
+        ``float32 [S * Hkv, G, P]``, row ``slot * Hkv + kv_head``; equals
+        ``page_upper_bounds_rows(query[tokens], kmin, kmax, blocks)`` on the valid pages.
+    """
+    s, p = blocks.shape
+    hkv = kmin.shape[1]
+    out = torch.empty(s * hkv, query.shape[1] // hkv, p, dtype=torch.float32, device=query.device)
+    if p == 0 or s == 0:
+        return out.fill_(float("-inf"))
+    return _launch(query, kmin, kmax, blocks.contiguous(), tokens.contiguous(), num_pages, s, 1, hkv, out)

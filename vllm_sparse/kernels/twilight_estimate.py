@@ -1,0 +1,292 @@
+"""Triton Twilight mass estimate from INT4 key shadows; twins:
+``vllm_sparse.selectors.twilight.estimate_page_mass`` over ``dequantize_int4`` keys (one request)
+and ``vllm_sparse.selectors.twilight.estimate_page_mass_rows`` (decode rows of many requests).
+
+The shadows are read in place (``PageMeta.codes/scale/zero`` through the pages' physical blocks)
+and never dequantized to memory: with ``k = code * s + z``, ``q . k = s * (q . code) + z * sum(q)``,
+one product of the queries' even channels with the low nibbles plus one of the odd channels with
+the high nibbles.
+
+A row is one (slot, KV head) pair with its own page list ``blocks[row]`` (``-1``: padding, never
+read, zero mass); a slot is a request whose ``C`` queries are ``q[slot * C : (slot + 1) * C]``, so
+one launch estimates every decode request of a step. A program takes the row's ``C x G``
+(query, head of the group) pairs flattened, so a page's shadow is read once for the whole group.
+Two passes per row:
+
+1. log-sum-exp of every query's logits over all the row's tokens (online, the tokens split over
+   programs; the partial ``(max, sum)`` pairs are merged in torch);
+2. per page, ``sum_c sum_{t in page} exp(logit - lse_c) / C``.
+
+The top-p selection (sort + cumulative sum) stays in torch (``selectors.twilight.top_p_keep``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _shadow_logits(
+    qe,
+    qo,
+    qsum,
+    codes_ptr,
+    scale_ptr,
+    zero_ptr,
+    blocks_ptr,
+    t,
+    tm,
+    row,
+    kv,
+    stride_br,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    stride_sb,
+    stride_sh,
+    PAGE: tl.constexpr,
+    HALF_D: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Logits (times log2 e and the softmax scale, already folded into the queries) of a tile of
+    queries against tokens ``t`` of the row's pages: ``[BLOCK_Q, BLOCK_T]`` float32, ``-inf`` for
+    tokens out of range or on padding pages."""
+    j = tl.arange(0, BLOCK_HD)
+    jm = j < HALF_D
+    blk = tl.load(blocks_ptr + row.to(tl.int64) * stride_br + t // PAGE, mask=tm, other=-1).to(tl.int64)
+    tv = tm & (blk >= 0)
+    off = t % PAGE
+    c = tl.load(
+        codes_ptr + blk[:, None] * stride_cb + kv * stride_ch + off[:, None] * stride_ct + j[None, :],
+        mask=tv[:, None] & jm[None, :],
+        other=0,
+    )  # [BLOCK_T, BLOCK_HD] uint8
+    lo = (c & 15).to(tl.float32)
+    hi = (c >> 4).to(tl.float32)
+    s = tl.load(scale_ptr + blk * stride_sb + kv * stride_sh + off, mask=tv, other=0.0).to(tl.float32)
+    z = tl.load(zero_ptr + blk * stride_sb + kv * stride_sh + off, mask=tv, other=0.0).to(tl.float32)
+    dots = tl.dot(qe, tl.trans(lo), input_precision=PRECISION) + tl.dot(qo, tl.trans(hi), input_precision=PRECISION)
+    x = dots * s[None, :] + qsum[:, None] * z[None, :]
+    return tl.where(tv[None, :], x, float("-inf"))
+
+
+@triton.jit
+def _load_queries(q_ptr, i, im, q0, kv, stride_qc, stride_qh, G: tl.constexpr, HALF_D: tl.constexpr,
+                  BLOCK_HD: tl.constexpr):
+    """Flattened queries ``i = c * G + g`` of the row (query ``q0 + c``, head ``kv * G + g``):
+    even channels, odd channels and their sums."""
+    j = tl.arange(0, BLOCK_HD)
+    jm = j < HALF_D
+    base = q_ptr + (q0 + (i // G)[:, None]).to(tl.int64) * stride_qc + (kv * G + i % G)[:, None] * stride_qh
+    m = im[:, None] & jm[None, :]
+    qe = tl.load(base + 2 * j[None, :], mask=m, other=0.0)
+    qo = tl.load(base + 2 * j[None, :] + 1, mask=m, other=0.0)
+    return qe, qo, tl.sum(qe, axis=1) + tl.sum(qo, axis=1)
+
+
+@triton.jit
+def _lse_partial_kernel(
+    q_ptr,
+    codes_ptr,
+    scale_ptr,
+    zero_ptr,
+    blocks_ptr,
+    m_ptr,
+    l_ptr,
+    num_queries,
+    num_kv_heads,
+    num_tokens,
+    split_tokens,
+    stride_qc,
+    stride_qh,
+    stride_br,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    stride_sb,
+    stride_sh,
+    G: tl.constexpr,
+    PAGE: tl.constexpr,
+    HALF_D: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv = row % num_kv_heads
+    q0 = (row // num_kv_heads) * num_queries
+    nq = num_queries * G
+    i = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    im = i < nq
+    split = tl.program_id(2)
+    qe, qo, qsum = _load_queries(q_ptr, i, im, q0, kv, stride_qc, stride_qh, G, HALF_D, BLOCK_HD)
+    m_i = tl.full([BLOCK_Q], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    lo_t = split * split_tokens
+    hi_t = tl.minimum(lo_t + split_tokens, num_tokens)
+    for t0 in range(lo_t, hi_t, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        tm = t < hi_t
+        x = _shadow_logits(
+            qe, qo, qsum, codes_ptr, scale_ptr, zero_ptr, blocks_ptr, t, tm, row, kv,
+            stride_br, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh, PAGE, HALF_D, BLOCK_HD, PRECISION,
+        )
+        m_new = tl.maximum(m_i, tl.max(x, axis=1))
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(x - m_new[:, None]), axis=1)
+        m_i = m_new
+    nsplit = tl.num_programs(2)
+    o = (row.to(tl.int64) * nsplit + split) * nq + i
+    tl.store(m_ptr + o, m_i, mask=im)
+    tl.store(l_ptr + o, l_i, mask=im)
+
+
+@triton.jit
+def _page_mass_kernel(
+    q_ptr,
+    codes_ptr,
+    scale_ptr,
+    zero_ptr,
+    blocks_ptr,
+    lse_ptr,
+    out_ptr,
+    num_queries,
+    num_kv_heads,
+    num_pages,
+    stride_qc,
+    stride_qh,
+    stride_br,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    stride_sb,
+    stride_sh,
+    G: tl.constexpr,
+    PAGE: tl.constexpr,
+    HALF_D: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_PG: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv = row % num_kv_heads
+    q0 = (row // num_kv_heads) * num_queries
+    nq = num_queries * G
+    t = tl.program_id(1) * BLOCK_PG * PAGE + tl.arange(0, BLOCK_PG * PAGE)
+    tm = t < num_pages * PAGE
+    gi = tl.arange(0, BLOCK_G)
+    acc = tl.zeros([BLOCK_G, BLOCK_PG * PAGE], tl.float32)
+    for i0 in range(0, nq, BLOCK_Q):
+        i = i0 + tl.arange(0, BLOCK_Q)
+        im = i < nq
+        qe, qo, qsum = _load_queries(q_ptr, i, im, q0, kv, stride_qc, stride_qh, G, HALF_D, BLOCK_HD)
+        x = _shadow_logits(
+            qe, qo, qsum, codes_ptr, scale_ptr, zero_ptr, blocks_ptr, t, tm, row, kv,
+            stride_br, stride_cb, stride_ch, stride_ct, stride_sb, stride_sh, PAGE, HALF_D, BLOCK_HD, PRECISION,
+        )
+        lse = tl.load(lse_ptr + row.to(tl.int64) * nq + i, mask=im, other=0.0)
+        w = tl.where(im[:, None], tl.exp2(x - lse[:, None]), 0.0)  # [BLOCK_Q, BLOCK_PG * PAGE]
+        for g in tl.static_range(G):  # sum over the tile's queries of head g
+            wg = tl.sum(tl.where((i % G == g)[:, None], w, 0.0), axis=0)
+            acc = tl.where(gi[:, None] == g, acc + wg[None, :], acc)
+    mass = tl.sum(tl.reshape(acc, (BLOCK_G, BLOCK_PG, PAGE)), axis=2) / num_queries  # [BLOCK_G, BLOCK_PG]
+    p = tl.program_id(1) * BLOCK_PG + tl.arange(0, BLOCK_PG)
+    out = out_ptr + row.to(tl.int64) * G * num_pages + gi[:, None] * num_pages + p[None, :]
+    tl.store(out, mass, mask=(gi[:, None] < G) & (p[None, :] < num_pages))
+
+
+def _estimate(q, codes, scale, zero, blocks, softmax_scale, num_queries):
+    """``[R, G, P]`` for rows ``blocks [R, P]`` (``R = slots * Hkv``) and queries ``q [slots * C, Hq, D]``."""
+    hq = q.shape[1]
+    _, hkv, n, half = codes.shape
+    rows, p = blocks.shape
+    g = hq // hkv
+    out = torch.zeros(rows, g, p, dtype=torch.float32, device=q.device)
+    if p == 0 or rows == 0 or num_queries == 0:
+        return out
+    assert n & (n - 1) == 0, f"page size {n} is not a power of two"
+    assert codes.stride(-1) == 1 and scale.stride() == zero.stride() and scale.stride(-1) == 1
+    # the softmax scale and log2(e) folded into the queries: logits come out in base 2
+    qs = (q.float() * (softmax_scale * LOG2E)).contiguous()
+    blocks = blocks.contiguous()
+    nq = num_queries * g
+    block_q = 16 if nq <= 16 else 32
+    block_t = max(64, n)
+    num_tokens = p * n
+    qblocks = triton.cdiv(nq, block_q)
+    # split the tokens so that about 256 programs run, at least 4 tiles each
+    splits = max(1, min(triton.cdiv(256, rows * qblocks), num_tokens // (4 * block_t)))
+    split_tokens = triton.cdiv(triton.cdiv(num_tokens, splits), block_t) * block_t
+    splits = triton.cdiv(num_tokens, split_tokens)
+    m = torch.empty(rows, splits, nq, dtype=torch.float32, device=q.device)
+    l = torch.empty_like(m)
+    common = (qs.stride(0), qs.stride(1), blocks.stride(0), codes.stride(0), codes.stride(1), codes.stride(2),
+              scale.stride(0), scale.stride(1))
+    consts = dict(G=g, PAGE=n, HALF_D=half, BLOCK_HD=max(16, triton.next_power_of_2(half)),
+                  PRECISION="tf32x3" if q.is_cuda else "ieee", BLOCK_Q=block_q, num_warps=4)
+    _lse_partial_kernel[(rows, qblocks, splits)](
+        qs, codes, scale, zero, blocks, m, l, num_queries, hkv, num_tokens, split_tokens, *common,
+        BLOCK_T=block_t, **consts,
+    )
+    mx = m.amax(dim=1, keepdim=True)
+    lse = (mx.squeeze(1) + torch.log2((l * torch.exp2(m - mx)).sum(dim=1))).contiguous()  # [R, C * G]
+    block_pg = max(1, 64 // n)
+    _page_mass_kernel[(rows, triton.cdiv(p, block_pg))](
+        qs, codes, scale, zero, blocks, lse, out, num_queries, hkv, p, *common, BLOCK_PG=block_pg,
+        BLOCK_G=triton.next_power_of_2(g), **consts,
+    )
+    return out
+
+
+def estimate_page_mass_triton(
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    blocks: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Estimated attention mass per page of one request from the INT4 shadows, mean over the
+    chunk's queries.
+
+    Args:
+        q: ``[C, Hq, D]`` queries.
+        codes: ``uint8 [num_blocks, Hkv, N, D // 2]``, scale/zero ``float16 [num_blocks, Hkv, N]``:
+            the shadow planes (``PageMeta``), read in place.
+        blocks: ``int [Hkv, P]`` physical block of each page per KV head (complete pages).
+        softmax_scale: the softmax scale.
+    Returns:
+        ``float32 [Hkv, G, P]``; equals ``estimate_page_mass(q, dequantize_int4(codes[blocks, h],
+        ...).flatten(1, 2), N, softmax_scale)``.
+    """
+    return _estimate(q, codes, scale, zero, blocks, softmax_scale, q.shape[0])
+
+
+def estimate_page_mass_rows_triton(
+    q: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    blocks: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Estimated attention mass per page of many requests' decode queries, in one launch per pass.
+
+    Args:
+        q: ``[S, Hq, D]`` one query per slot (request).
+        codes, scale, zero: the shadow planes, as for ``estimate_page_mass_triton``.
+        blocks: ``int [S * Hkv, P]`` physical block of each page of row ``slot * Hkv + kv_head``;
+            ``-1`` marks padding (never read; zero mass, outside every softmax).
+        softmax_scale: the softmax scale.
+    Returns:
+        ``float32 [S * Hkv, G, P]``; equals ``estimate_page_mass_rows`` (the twin).
+    """
+    assert blocks.shape[0] == q.shape[0] * codes.shape[1]
+    return _estimate(q, codes, scale, zero, blocks, softmax_scale, 1)
