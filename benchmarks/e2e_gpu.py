@@ -403,8 +403,8 @@ def perf(args) -> dict:
         extra = {}
         if "sparse" in b:
             cfg = {**PERF_BUDGET["sparse_attention"]}
-            if variant == "dense_decode":
-                cfg["sparse_decode"] = False
+            if variant in ("dense_decode", "sparse_decode"):
+                cfg["sparse_decode"] = variant == "sparse_decode"
             extra = {"additional_config": {"sparse_attention": cfg}}
         specs.append({**common, "name": f"perf_{label.lower().replace('+', '_')}", "backend": b, "label": label, **extra})
     results = run_specs(specs, out, False, args.deadline_at)

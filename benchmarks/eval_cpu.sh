@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Accuracy of dense vs sparse_quoka on this CPU machine (issue 5), Qwen2.5-Coder-0.5B-Instruct.
+# Accuracy of dense vs the sparse methods on this CPU machine (issue 5), Qwen2.5-Coder-0.5B-Instruct.
+# Environment: CONTEXTS, SAMPLES, TASKS, METHODS (quoka quest twilight), BUDGETS, NAME.
 # Every run writes samples.json, summary.json (machine, command, timings), report.md and PNG plots into
 # benchmarks/results/eval_<name>/.
 #
@@ -12,8 +13,10 @@ CONTEXTS=${CONTEXTS:-"4096 8192"}
 SAMPLES=${SAMPLES:-2}
 NAME=${NAME:-qwen0.5b_cpu}
 TASKS=${TASKS:-"niah_single niah_multikey niah_multivalue niah_multiquery passkey vt cwe"}
+METHODS=${METHODS:-"quoka"}
+BUDGETS=${BUDGETS:-"0.125 0.25"}
 python -m vllm_sparse.cli eval --model qwen2.5-coder-0.5b-instruct \
   --tasks $TASKS --contexts $CONTEXTS --samples "$SAMPLES" --depths 0.1 0.3 0.5 0.7 0.9 \
-  --methods quoka --budgets 0.125 0.25 --min-tokens 1024 --sparse-config '{"dense_below_tokens": 1024}' \
+  --methods $METHODS --budgets $BUDGETS --min-tokens 1024 --sparse-config '{"dense_below_tokens": 1024}' \
   --dtype bfloat16 --block-size 32 --max-num-batched-tokens 2048 --kv-cache-gib 2 \
   --out "benchmarks/results/eval_${NAME}"

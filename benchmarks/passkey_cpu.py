@@ -1,8 +1,11 @@
 """Dense vs sparse on the main job: passkey retrieval through vLLM's OpenAI server, same machine, same run.
 
-    python benchmarks/passkey_cpu.py [--context 8192] [--depths 0.25 0.5 0.75]
+    python benchmarks/passkey_cpu.py [--contexts 8192 16384] [--depths 0.5] \
+        [--backends CPU_ATTN sparse_quoka sparse_quoka@0.25] [--sparse-config '{"dense_below_tokens": 1024}']
 
-Writes benchmarks/results/passkey_cpu_<context>.json with the machine, the command and every record.
+A backend ``NAME@F`` runs ``NAME`` with a budget fraction ``F`` (else the shipped config's). Writes
+benchmarks/results/passkey_cpu_<context>.json (one context) or passkey_cpu_<name>.json (``--name``), with
+the machine, the command, the load average before and after, and every record.
 """
 
 from __future__ import annotations
@@ -31,17 +34,28 @@ def cpu_model() -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--contexts", type=int, nargs="+", default=[8192])
     p.add_argument("--depths", type=float, nargs="+", default=[0.5])
     p.add_argument("--backends", nargs="+", default=["CPU_ATTN", "sparse_quoka"])
+    p.add_argument("--sparse-config", default=None, help="JSON fields added to every sparse backend's config")
+    p.add_argument("--name", default=None)
     args = p.parse_args()
-    records = []
-    for depth in args.depths:
-        for backend in args.backends:
-            r = run_passkey(args.model, backend, args.context, depth)
-            print_result(r)
-            records.append(r)
     import os
+
+    load_before = os.getloadavg()
+    records = []
+    for context in args.contexts:
+        for depth in args.depths:
+            for label in args.backends:
+                backend, _, fraction = label.partition("@")
+                cfg = json.loads(args.sparse_config) if args.sparse_config and "sparse" in backend else {}
+                if fraction:
+                    cfg["budget"] = {**cfg.get("budget", {}), "fraction": float(fraction)}
+                extra = {"sparse_attention": cfg} if cfg else None
+                r = run_passkey(args.model, backend, context, depth, additional_config=extra)
+                r["label"] = label
+                print_result(r)
+                records.append(r)
 
     import torch
     import vllm
@@ -51,12 +65,13 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
-        "note": "TTFT from the streamed chat request (one request, server already warm from /health only); "
-        "sparse_quoka runs the torch reference executor on CPU.",
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "note": "TTFT from the streamed chat request (one request, server already warm from /health only).",
         "records": records,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"passkey_cpu_{args.context}.json"
+    name = args.name or (str(args.contexts[0]) if len(args.contexts) == 1 else "sweep")
+    path = RESULTS / f"passkey_cpu_{name}.json"
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")
 

@@ -406,9 +406,16 @@ def test_method_mismatch_from_file(tmp_path):
 
 
 def test_for_layer_defaults():
-    c = SparseConfig()
-    assert c.for_layer(0) == LayerPolicy(True, c.budget, 16, 512, 4096)
-    assert c.for_layer(1) == LayerPolicy(False, c.budget, 16, 512, 4096)
+    c = SparseConfig()  # QuoKA: decode steps dense by default
+    assert c.for_layer(0) == LayerPolicy(True, c.budget, 16, 512, 4096, sparse_decode=False)
+    assert c.for_layer(1) == LayerPolicy(False, c.budget, 16, 512, 4096, sparse_decode=False)
+
+
+@pytest.mark.parametrize("method,given,want", [("quoka", None, False), ("quest", None, True),
+                                               ("twilight", None, True), ("quoka", True, True), ("quest", False, False)])
+def test_sparse_decode_defaults_per_method(method, given, want):
+    c = SparseConfig(method=method, sparse_decode=given)
+    assert c.for_layer(1).sparse_decode is want
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ REAL_BUDGET = {
         "local_tokens": 64,
         "dense_layers": [0],
         "dense_below_tokens": 256,
+        "sparse_decode": True,  # QuoKA's default is dense decode; cover sparse decode rows too
         "quoka": {"num_queries": 16},
     }
 }

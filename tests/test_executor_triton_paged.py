@@ -8,47 +8,23 @@ at small shapes; see tests/test_kernels_triton.py for the fresh-process trick.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-
-HAS_CUDA = torch.cuda.is_available()
-FRESH = not HAS_CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not HAS_CUDA and not FRESH:
-    os.environ["TRITON_INTERPRET"] = "1"
+from triton_interpret import DEVICE, HAS_CUDA, in_process, rerun_in_fresh_process
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
-from helpers import brute_attention, gen, make_paged_batch, query_start_loc, randn, single_thread  # noqa: F401,E402
+from helpers import brute_attention, gen, make_paged_batch, query_start_loc, randn, single_thread  # noqa: F401
 
-from vllm_sparse.config import Budget, LayerPolicy  # noqa: E402
-from vllm_sparse.executors.reference import reference_executor  # noqa: E402
-from vllm_sparse.executors.triton_paged import TritonPagedExecutor  # noqa: E402
-from vllm_sparse.layout import PageLayout  # noqa: E402
-from vllm_sparse.policy import plan_step  # noqa: E402
-from vllm_sparse.selectors.base import Selection  # noqa: E402
-from vllm_sparse.tables import build_page_tables  # noqa: E402
+from vllm_sparse.config import Budget, LayerPolicy
+from vllm_sparse.executors.reference import reference_executor
+from vllm_sparse.executors.triton_paged import TritonPagedExecutor
+from vllm_sparse.layout import PageLayout
+from vllm_sparse.policy import plan_step
+from vllm_sparse.selectors.base import Selection
+from vllm_sparse.tables import build_page_tables
 
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-in_process = pytest.mark.skipif(FRESH, reason="triton was imported before TRITON_INTERPRET=1: run in a fresh process")
-
-
-@pytest.mark.skipif(not FRESH, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+test_in_fresh_process = rerun_in_fresh_process(__file__)
 
 
 def variable_selection(plan, hkv: int, g: torch.Generator, empty_rows=(1,)) -> tuple[Selection, dict]:
@@ -94,7 +70,9 @@ def run_case(group, d, dtype, num_sms, seed, reqs=REQS, hkv=2, n=16, block_n=16)
     scale = d**-0.5
     tables = build_page_tables(plan, sel, batch.block_table, layout)
     want = torch.full_like(query, float("nan"))
-    reference_executor(query, layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), tables, plan, scale, want)
+    reference_executor(
+        query, layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), tables, plan, scale, want
+    )
 
     cache = batch.kv_cache.to(DEVICE)
     dev_tables = type(tables)(*(x.to(DEVICE) for x in (tables.page_ids, tables.counts, tables.kv_lens)))

@@ -7,20 +7,9 @@ they run compiled on the GPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-
-HAS_CUDA = torch.cuda.is_available()
-# Triton reads TRITON_INTERPRET when it is first imported (its own library functions are jitted
-# then). If another module of this pytest process imported it before (vLLM does), the interpreted
-# run happens in a fresh process instead (``test_in_fresh_process``).
-FRESH = not HAS_CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not HAS_CUDA and not FRESH:
-    os.environ["TRITON_INTERPRET"] = "1"
+from triton_interpret import DEVICE, HAS_CUDA, in_process, rerun_in_fresh_process
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
@@ -33,23 +22,7 @@ from vllm_sparse.layout import PageLayout
 from vllm_sparse.metadata.writer import write_kv_reference
 from vllm_sparse.selectors.quoka import group_query, score_pages
 
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-in_process = pytest.mark.skipif(FRESH, reason="triton was imported before TRITON_INTERPRET=1: run in a fresh process")
-
-
-@pytest.mark.skipif(not FRESH, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+test_in_fresh_process = rerun_in_fresh_process(__file__)
 
 
 @in_process
@@ -133,3 +106,44 @@ def test_query_mean_similarity_matches_reference(chunk, head_size, dtype):
     want = query_mean_similarity(q.cpu(), mean.cpu())
     assert got.shape == (hq, chunk)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@in_process
+@pytest.mark.parametrize("hkv,meta_slots", [(1, 0), (2, 1), (3, 2)])
+@pytest.mark.parametrize("short", [False, True], ids=["fixed", "variable"])
+def test_fill_page_tables_matches_reference(hkv, meta_slots, short):
+    from helpers import query_start_loc, random_block_table, random_selection
+
+    from vllm_sparse.config import Budget, LayerPolicy
+    from vllm_sparse.kernels.page_tables import fill_page_tables_triton
+    from vllm_sparse.policy import plan_step
+    from vllm_sparse.selectors.base import Selection
+    from vllm_sparse.tables import _fill_torch, step_rows
+
+    n = 4
+    reqs = [(13, 97), (1, 83), (9, 9), (8, 72), (1, 130), (40, 40), (3, 250)]
+    g = gen(hkv * 10 + meta_slots + short)
+    seq_lens = [s for _, s in reqs]
+    pol = LayerPolicy(False, Budget(fraction=0.3, min_tokens=0, max_tokens=None), 4, 8, 0)
+    plan = plan_step(pol, n, query_start_loc([ql for ql, _ in reqs]), seq_lens)
+    sel, _ = random_selection(plan, hkv, g)
+    if short:  # top-p style: fewer valid entries than num_select, garbage after them
+        counts = (sel.counts.float() * torch.rand(sel.counts.shape, generator=g)).int()
+        sel = Selection(sel.indices.masked_fill(torch.arange(sel.indices.shape[1]) >= counts[:, None], 10**6), counts)
+    table, _ = random_block_table(seq_lens, n, g)
+    layout = PageLayout(hkv, hkv + meta_slots, n, 8, "interleaved")
+    s = step_rows(plan, table.to(DEVICE), layout)
+    got = fill_page_tables_triton(
+        sel.indices.to(DEVICE), sel.counts.to(DEVICE), s.block_table, s.req, s.head, s.forced_ids,
+        s.num_forced, s.last_len, s.width, layout.num_head_slots, n,
+    )  # fmt: skip
+    want = _fill_torch(s, sel.indices.to(DEVICE), sel.counts.to(DEVICE), layout)
+    ids, counts, kv_lens = (t.cpu() for t in got)
+    assert torch.equal(counts, want.counts.cpu()) and torch.equal(kv_lens, want.kv_lens.cpu())
+    assert ids.shape == want.page_ids.shape
+    for row in range(ids.shape[0]):
+        c = int(counts[row])
+        assert torch.equal(ids[row, :c], want.page_ids[row, :c].cpu())
+        r, kh = divmod(row, hkv)
+        own = {int(b) * layout.num_head_slots + kh for b in table[r, : plan.requests[r].total_pages]}
+        assert set(ids[row].tolist()) <= own  # padding: pages of the row

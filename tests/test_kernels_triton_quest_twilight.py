@@ -9,55 +9,31 @@ at small shapes; see tests/test_kernels_triton.py for the fresh-process trick.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-
-HAS_CUDA = torch.cuda.is_available()
-FRESH = not HAS_CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not HAS_CUDA and not FRESH:
-    os.environ["TRITON_INTERPRET"] = "1"
+from triton_interpret import DEVICE, HAS_CUDA, in_process, rerun_in_fresh_process
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
-from helpers import gen, query_start_loc, randn, single_thread  # noqa: F401,E402
-from test_page_metadata import Sim, run_block_reuse  # noqa: E402
-from test_selector_twilight import paged_batch_with_meta  # noqa: E402
+from helpers import gen, query_start_loc, randn, single_thread  # noqa: F401
+from test_page_metadata import Sim, run_block_reuse
+from test_selector_twilight import paged_batch_with_meta
 
-from vllm_sparse.config import Budget, LayerPolicy  # noqa: E402
-from vllm_sparse.kernels.page_meta_write import write_int4_shadow_triton, write_page_minmax_triton  # noqa: E402
-from vllm_sparse.kernels.quest_score import page_upper_bounds_rows_triton, page_upper_bounds_triton  # noqa: E402
-from vllm_sparse.kernels.twilight_estimate import (  # noqa: E402
+from vllm_sparse.config import Budget, LayerPolicy
+from vllm_sparse.kernels.page_meta_write import write_int4_shadow_triton, write_page_minmax_triton
+from vllm_sparse.kernels.quest_score import page_upper_bounds_rows_triton, page_upper_bounds_triton
+from vllm_sparse.kernels.twilight_estimate import (
     estimate_page_mass_rows_triton,
     estimate_page_mass_triton,
 )
-from vllm_sparse.layout import PageMeta  # noqa: E402
-from vllm_sparse.metadata.int4_shadow import dequantize_int4, quantize_int4  # noqa: E402
-from vllm_sparse.policy import plan_step  # noqa: E402
-from vllm_sparse.selectors import QuestSelector, TwilightSelector  # noqa: E402
-from vllm_sparse.selectors.quest import page_upper_bounds, page_upper_bounds_rows  # noqa: E402
-from vllm_sparse.selectors.twilight import estimate_page_mass, estimate_page_mass_rows  # noqa: E402
+from vllm_sparse.layout import PageMeta
+from vllm_sparse.metadata.int4_shadow import dequantize_int4, quantize_int4
+from vllm_sparse.policy import plan_step
+from vllm_sparse.selectors import QuestSelector, TwilightSelector
+from vllm_sparse.selectors.quest import page_upper_bounds, page_upper_bounds_rows
+from vllm_sparse.selectors.twilight import estimate_page_mass, estimate_page_mass_rows
 
-DEVICE = "cuda" if HAS_CUDA else "cpu"
-in_process = pytest.mark.skipif(FRESH, reason="triton was imported before TRITON_INTERPRET=1: run in a fresh process")
-
-
-@pytest.mark.skipif(not FRESH, reason="kernels run in this process")
-def test_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=os.path.dirname(os.path.dirname(__file__)),
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+test_in_fresh_process = rerun_in_fresh_process(__file__)
 
 
 def tol(dtype=torch.float32):

@@ -199,7 +199,7 @@ def test_budget_below_forced_selects_nothing():
 
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_policy_from_config_for_layer(layer):
-    c = SparseConfig(dense_layers=[0], layers={2: {"budget": {"fraction": 0.5}}})
+    c = SparseConfig(dense_layers=[0], sparse_decode=True, layers={2: {"budget": {"fraction": 0.5}}})
     p = c.for_layer(layer)
     r = check_against_brute(p, 16, 0, 1, 20001)
     assert r.sparse == (layer != 0)

@@ -66,7 +66,9 @@ def test_page_upper_bounds_brute_force(c, hkv, g, p):
     q = randn(c, hkv * g, d, g=gg)
     a, b = randn(hkv, p, d, g=gg), randn(hkv, p, d, g=gg)
     kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
-    torch.testing.assert_close(page_upper_bounds(q, kmin, kmax).double(), brute_bounds(q, kmin, kmax), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        page_upper_bounds(q, kmin, kmax).double(), brute_bounds(q, kmin, kmax), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bound_is_an_upper_bound_of_every_key_in_the_page():
@@ -192,9 +194,7 @@ def test_planted_key_page_is_selected(rule, query_len):
     plan = plan_step(sparse_policy(fraction=0.08), n, [0, query_len], [seq])
     req = plan.requests[0]
     assert req.sparse and req.num_select >= 1
-    query, direction, planted = plant_aligned_keys(
-        batch.kv_cache, layout, batch.block_table, req, hkv, group, d
-    )
+    query, direction, planted = plant_aligned_keys(batch.kv_cache, layout, batch.block_table, req, hkv, group, d)
     for kh, (_, block) in planted.items():  # keep the page bounds true to the planted keys
         meta.kmax[block, kh] = torch.maximum(meta.kmax[block, kh], 10 * direction[kh])
         meta.kmin[block, kh] = torch.minimum(meta.kmin[block, kh], 10 * direction[kh])

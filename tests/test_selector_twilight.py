@@ -203,7 +203,9 @@ def test_planted_page_alone_reaches_top_p():
     keys[block, 0, 1] = 5 * direction
     write_int4_shadow(meta, keys[block, 0, 1].view(1, 1, d), torch.tensor([block * n + 1]), n)
     write_page_minmax(layout, batch.kv_cache, meta, torch.tensor([block * n + n - 1]))
-    sel = TwilightSelector(QuestSelector(), 0.9)(query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
+    sel = TwilightSelector(QuestSelector(), 0.9)(
+        query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
+    )
     assert req.num_select > 5
     assert sel.counts.tolist() == [1] and sel.indices[0, 0] == target
 
@@ -222,12 +224,16 @@ def test_variable_counts_through_tables_and_executor(group):
     qsl = query_start_loc([ql for ql, _ in reqs])
     plan = plan_step(sparse_policy(), n, qsl, seq_lens)
     query = randn(qsl[-1], hkv * group, d, g=gen(group + 3)) * 3
-    sel = TwilightSelector(QuestSelector(), 0.7)(query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
+    sel = TwilightSelector(QuestSelector(), 0.7)(
+        query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
+    )
     tables = build_page_tables(plan, sel, batch.block_table, layout)
     assert len(set(tables.counts.tolist())) > 2
     out = torch.full_like(query, float("nan"))
     scale = d**-0.5
-    reference_executor(query, layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), tables, plan, scale, out)
+    reference_executor(
+        query, layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), tables, plan, scale, out
+    )
     for r, req in enumerate(plan.requests):
         visible = []
         for kh in range(hkv):
@@ -271,7 +277,9 @@ def test_twilight_config_sets_the_cap_and_full_budget_stays_dense():
     c = SparseConfig(method="twilight", twilight={"candidate_fraction": 0.2})
     assert c.for_layer(1).select_fraction == 0.2
     assert SparseConfig(method="quest").for_layer(1).select_fraction is None
-    full = SparseConfig(method="twilight", budget={"fraction": 1.0, "min_tokens": 0}, dense_layers=[], dense_below_tokens=0)
+    full = SparseConfig(
+        method="twilight", budget={"fraction": 1.0, "min_tokens": 0}, dense_layers=[], dense_below_tokens=0
+    )
     assert not plan_request(full.for_layer(0), 16, 0, 1, 3000).sparse
 
 
@@ -348,7 +356,7 @@ def test_decode_mass_rows_match_per_request_twin():
     from vllm_sparse.selectors.twilight import estimate_page_mass_rows
 
     n, d, hkv, group = 4, 16, 2, 2
-    batch, layout, meta = paged_batch_with_meta([200], hkv, n, d, seed=6)
+    batch, _, meta = paged_batch_with_meta([200], hkv, n, d, seed=6)
     gg = gen(7)
     q = randn(3, hkv * group, d, g=gg) * 2
     lens = [5, 9, 2, 9, 7, 1]  # valid pages per row, then -1 padding
@@ -358,7 +366,9 @@ def test_decode_mass_rows_match_per_request_twin():
     got = estimate_page_mass_rows(q, meta, blocks, n, 0.3)
     for row, m in enumerate(lens):
         s, h = divmod(row, hkv)
-        keys = dequantize_int4(meta.codes[blocks[row, :m], h], meta.scale[blocks[row, :m], h], meta.zero[blocks[row, :m], h])
+        keys = dequantize_int4(
+            meta.codes[blocks[row, :m], h], meta.scale[blocks[row, :m], h], meta.zero[blocks[row, :m], h]
+        )
         want = estimate_page_mass(q[s : s + 1, h * group : (h + 1) * group], keys.flatten(0, 1)[None], n, 0.3)[0]
         torch.testing.assert_close(got[row, :, :m], want)
         assert bool((got[row, :, m:] == 0).all())

@@ -114,7 +114,10 @@ class SparseConfig(_Strict):
     local_tokens: int = Field(512, ge=0)
     dense_layers: list[int] = Field(default_factory=lambda: [0])
     dense_below_tokens: int = Field(4096, ge=0)
-    sparse_decode: bool = True  # False: decode steps attend every page (selection costs a key scan)
+    # Decode steps (one query token) sparse or dense; None: the method's default, dense for QuoKA
+    # (its scoring reads every past key, so a decode step saves little and pays the selection;
+    # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata).
+    sparse_decode: bool | None = None
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
@@ -153,7 +156,7 @@ class SparseConfig(_Strict):
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
-            sparse_decode=self.sparse_decode,
+            sparse_decode=self.method != "quoka" if self.sparse_decode is None else self.sparse_decode,
         )
 
 

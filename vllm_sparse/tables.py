@@ -134,7 +134,6 @@ def build_page_tables(
     ``B * Hkv``; returns ``PageTables`` whose rows carry ``selection.counts[row] + F`` pages.
     """
     s = step_rows(plan, block_table, layout)
-    rows = s.req.numel()
     n = layout.page_size
     if s.max_select == 0:  # no sparse request: one table for every layer of the step
 
@@ -143,11 +142,23 @@ def build_page_tables(
             return PageTables(s.forced_ids[:, : s.width], counts, (counts - 1) * n + s.last_len)
 
         return plan.cached(("dense_tables", id(s)), dense)
-    k = s.max_select
     sel_counts = selection.counts.to(torch.int32)
+    if sel_counts.is_cuda:
+        from vllm_sparse.kernels.page_tables import fill_page_tables_triton
+
+        return PageTables(*fill_page_tables_triton(
+            selection.indices, sel_counts, s.block_table, s.req, s.head, s.forced_ids, s.num_forced,
+            s.last_len, s.width, layout.num_head_slots, n,
+        ))  # fmt: skip
+    return _fill_torch(s, selection.indices, sel_counts, layout)
+
+
+def _fill_torch(s: StepRows, sel_indices: torch.Tensor, sel_counts: torch.Tensor, layout: PageLayout) -> PageTables:
+    """The torch twin of ``kernels.page_tables.fill_page_tables_triton``."""
+    rows, n, k = s.req.numel(), layout.page_size, s.max_select
     page_ids = s.forced_ids[:, :1].expand(rows, s.width).contiguous()  # padding: a page of the row
     valid = torch.arange(k, device=page_ids.device)[None, :] < sel_counts[:, None]
-    logical = torch.where(valid, selection.indices[:, :k], 0)  # padding may hold anything
+    logical = torch.where(valid, sel_indices[:, :k], 0)  # padding may hold anything
     picked = s.block_table[s.req[:, None], logical]
     page_ids[:, :k] = layout.page_ids(picked, s.head[:, None])
     # forced pages right after each row's selected ones

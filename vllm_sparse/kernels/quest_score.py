@@ -83,9 +83,7 @@ def _quest_bounds_kernel(
         if LOW_PRECISION:  # 16-bit operands: exact products, float32 sums
             u = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
         else:
-            u = tl.dot(qp, tl.trans(kmax), input_precision="ieee") + tl.dot(
-                qn, tl.trans(kmin), input_precision="ieee"
-            )
+            u = tl.dot(qp, tl.trans(kmax), input_precision="ieee") + tl.dot(qn, tl.trans(kmin), input_precision="ieee")
         u = tl.where(qm[:, None], u, float("-inf"))  # [BLOCK_Q, BLOCK_P]
         for g in tl.static_range(G):  # max over the tile's queries of head g
             ug = tl.max(tl.where((i % G == g)[:, None], u, float("-inf")), axis=0)

@@ -221,8 +221,8 @@ def _estimate(q, codes, scale, zero, blocks, softmax_scale, num_queries):
     block_t = max(64, n)
     num_tokens = p * n
     qblocks = triton.cdiv(nq, block_q)
-    # split the tokens so that about 256 programs run, at least 4 tiles each
-    splits = max(1, min(triton.cdiv(256, rows * qblocks), num_tokens // (4 * block_t)))
+    # split the tokens so that about 2048 programs run (a few per SM), at least 4 tiles each
+    splits = max(1, min(triton.cdiv(2048, rows * qblocks), num_tokens // (4 * block_t)))
     split_tokens = triton.cdiv(triton.cdiv(num_tokens, splits), block_t) * block_t
     splits = triton.cdiv(num_tokens, split_tokens)
     m = torch.empty(rows, splits, nq, dtype=torch.float32, device=q.device)

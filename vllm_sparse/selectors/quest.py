@@ -63,7 +63,9 @@ def page_upper_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
     return best
 
 
-def page_upper_bounds_rows(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+def page_upper_bounds_rows(
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor
+) -> torch.Tensor:
     """Quest bounds of one query per slot (request) over the slot's pages, every KV head a row.
 
     Args:
@@ -104,7 +106,7 @@ def _bounds(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> torch.Tens
     return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
 
 
-def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: "_DecodeBatch") -> torch.Tensor:
+def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: _DecodeBatch) -> torch.Tensor:
     """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA);
     entries of padding pages are unspecified (the batch excludes them)."""
     if _triton_ok(query, meta):
@@ -114,7 +116,9 @@ def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: "_DecodeBatch") -
     return page_upper_bounds_rows(query[batch.tokens], meta.kmin, meta.kmax, batch.blocks)
 
 
-def reduce_and_pick(scores: torch.Tensor, excluded: torch.Tensor, k: int, rule: GqaReduce, scale: float) -> torch.Tensor:
+def reduce_and_pick(
+    scores: torch.Tensor, excluded: torch.Tensor, k: int, rule: GqaReduce, scale: float
+) -> torch.Tensor:
     """Reduce per-head page scores over the GQA group and pick ``k`` pages per row.
 
     Args:

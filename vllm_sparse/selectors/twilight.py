@@ -195,7 +195,7 @@ class TwilightSelector:
             sel.counts[rows] = keep.sum(dim=1).to(torch.int32)
         return sel
 
-    def _decode(self, query, meta, batch: "_DecodeBatch", cand: Selection, sel: Selection, n: int, scale: float):
+    def _decode(self, query, meta, batch: _DecodeBatch, cand: Selection, sel: Selection, n: int, scale: float):
         """Every decode row at once: rows' pages are ``[candidates | forced past pages]``, each part
         padded (block ``-1``) to the step's largest count; no host sync."""
         k = batch.max_select
