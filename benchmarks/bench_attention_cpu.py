@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from cpu_timing import cpu_model, timed
 from tqdm import tqdm
 from vllm import _custom_ops as ops
 
@@ -38,29 +37,6 @@ from vllm_sparse.policy import plan_step
 from vllm_sparse.selectors.base import forced_past, past_page_ids
 from vllm_sparse.selectors.quoka import QuokaSelector, group_query, score_pages, subselect_queries
 from vllm_sparse.tables import build_page_tables
-
-
-def cpu_model() -> str:
-    """The ``model name`` line of /proc/cpuinfo (else the platform's processor string)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out) * 1e3
 
 
 def bench_case(ctx: int, chunk: int, fraction: float, hq: int, hkv: int, d: int, n: int, reps: int,

@@ -1,8 +1,11 @@
-"""Native CPU kernels (vllm_sparse/csrc/quoka_cpu.cpp) against their torch twins; the loader's fallback.
+"""Native CPU kernels (vllm_sparse/csrc/*.cpp) against their torch twins; the loader's fallback.
 
-Twins: ``selectors.quoka.score_pages`` (scoring) and ``torch.topk`` on masked scores (top-k).
+Twins: ``selectors.quoka.score_pages`` (scoring) and ``torch.topk`` on masked scores (top-k);
+``selectors.quest.page_upper_bounds`` / ``page_upper_bounds_rows`` (Quest bounds).
 Random, never-zero inputs; page sizes 16 and 32 (and odd ones), D 64 and 128, bf16/fp16/fp32
-caches in both in-page orders, 1 to 64 queries, 1 to 3000 pages, non-contiguous page ids.
+caches in both in-page orders, 1 to 64 queries, 1 to 3000 pages, non-contiguous page ids; Quest
+with GQA groups 1, 2, 7, min/max read from the real metadata planes; the portable (non-AVX-512)
+path in a subprocess.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ import pytest
 import torch
 from helpers import gen, randn, single_thread  # noqa: F401  (autouse fixture: one torch thread)
 
+from vllm_sparse.config import Budget, LayerPolicy
 from vllm_sparse.kernels import cpu_native
-from vllm_sparse.layout import PageLayout
-from vllm_sparse.selectors import quoka
+from vllm_sparse.layout import MetaPlanes, PageLayout
+from vllm_sparse.metadata.page_minmax import write_page_minmax
+from vllm_sparse.policy import plan_step
+from vllm_sparse.selectors import quest, quoka
+from vllm_sparse.selectors.quest import QuestSelector, page_upper_bounds, page_upper_bounds_rows
 from vllm_sparse.selectors.quoka import group_query, score_pages
 
 HAS_CXX = shutil.which(os.environ.get("CXX") or "c++") is not None
@@ -204,6 +211,216 @@ def test_score_topk_fused(n, d, dtype, nq, p):
     k = max(0, min(p - forced.numel(), p // 8 + 1))
     idx = cpu_native.quoka_score_topk(qbar, pk, ids, forced, k)
     assert_same_selection(idx, twin_scores(qbar, pk, ids), forced, k, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quest bounds (kmin/kmax read in place from the metadata planes of a cache)
+# ---------------------------------------------------------------------------------------------
+
+
+def make_planes(n, d, dtype, nb, hkv=2, seed=0):
+    """Random ``kmin <= kmax`` written into the metadata planes of a ``planes`` cache; the views."""
+    g = gen(seed + 31 * n + d + nb)
+    planes = MetaPlanes.for_method("quest", hkv, n, d, dtype)
+    kv = randn(nb, hkv + planes.num_slots, n, 2 * d, g=g, dtype=dtype)
+    meta = planes.views(kv)
+    lo = randn(nb, hkv, d, g=g) - 0.3
+    meta.kmin.copy_(lo.to(dtype))
+    meta.kmax.copy_((lo + torch.rand(nb, hkv, d, generator=g)).to(dtype))
+    assert not meta.kmin.is_contiguous()  # a strided view into the cache
+    return meta, g
+
+
+def twin_bounds(q, meta, blocks):
+    return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
+
+
+@needs_native
+@pytest.mark.parametrize("n", [16, 32])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grp", [1, 2, 7])
+def test_quest_bounds_matches_twin(n, d, dtype, grp):
+    hkv = 2
+    meta, g = make_planes(n, d, dtype, 420, hkv)
+    for nq in (1, 13, 64):
+        for p in (1, 7, 65, 300):
+            blocks = torch.randperm(420, generator=g)[:p]  # shuffled, not dense
+            q = randn(nq, hkv * grp, d, g=g, dtype=torch.bfloat16 if nq == 13 else torch.float32) + 0.1
+            got = cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks)
+            assert got.shape == (hkv, grp, p) and got.dtype == torch.float32
+            torch.testing.assert_close(got, twin_bounds(q, meta, blocks), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nq", [1, 64])
+def test_quest_bounds_many_pages(threads, nq):
+    torch.set_num_threads(threads)  # the autouse fixture restores it
+    meta, g = make_planes(32, 64, torch.bfloat16, 2003)
+    blocks = torch.randperm(2003, generator=g)[:2000]
+    q = randn(nq, 14, 64, g=g)
+    torch.testing.assert_close(
+        cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks), twin_bounds(q, meta, blocks), rtol=1e-5, atol=1e-4
+    )
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "n,d,dtype,grp", [(16, 40, torch.float16, 3), (32, 24, torch.bfloat16, 1), (5, 80, torch.float32, 4)]
+)
+def test_quest_bounds_odd_shapes(n, d, dtype, grp):
+    """D not a multiple of 16 (masked channel tails), fp16 planes, 3 KV heads."""
+    meta, g = make_planes(n, d, dtype, 90, hkv=3)
+    blocks = torch.randperm(90, generator=g)[:77]
+    q = randn(9, 3 * grp, d, g=g)
+    torch.testing.assert_close(
+        cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks), twin_bounds(q, meta, blocks), rtol=1e-5, atol=1e-4
+    )
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grp", [1, 7])
+def test_quest_bounds_rows_matches_twin(dtype, grp):
+    hkv = 2
+    meta, g = make_planes(32, 64, dtype, 700, hkv)
+    for s, p in ((1, 1), (3, 90), (5, 650)):
+        blocks = torch.randint(0, 700, (s, p), generator=g)
+        q = randn(s, hkv * grp, 64, g=g)
+        got = cpu_native.quest_bounds_rows(q, meta.kmin, meta.kmax, blocks)
+        assert got.shape == (s * hkv, grp, p)
+        torch.testing.assert_close(got, page_upper_bounds_rows(q, meta.kmin, meta.kmax, blocks), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+def test_quest_bounds_noncontiguous_ids_and_int32():
+    meta, g = make_planes(16, 64, torch.bfloat16, 200)
+    blocks = torch.randperm(200, generator=g)[:150][::3]
+    assert not blocks.is_contiguous()
+    q = randn(4, 4, 64, g=g)[:, ::2]  # strided query heads too
+    want = twin_bounds(q, meta, blocks)
+    torch.testing.assert_close(cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks.int()), want, rtol=1e-5, atol=1e-4
+    )
+    rows = torch.stack([blocks, blocks.flip(0)])[:, ::2]
+    torch.testing.assert_close(
+        cpu_native.quest_bounds_rows(q[:2], meta.kmin, meta.kmax, rows),
+        page_upper_bounds_rows(q[:2], meta.kmin, meta.kmax, rows),
+        rtol=1e-5,
+        atol=1e-4,
+    )
+
+
+@needs_native
+def test_quest_bounds_rejects_bad_blocks():
+    meta, _ = make_planes(16, 64, torch.float32, 10)
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_native.quest_bounds(torch.randn(1, 2, 64), meta.kmin, meta.kmax, torch.tensor([0, 10]))
+
+
+def quest_case(seq_lens, query_lens, dtype=torch.bfloat16, n=16, d=64, hkv=2, grp=7, seed=0):
+    """A cache with written page min/max, a plan (12.5% budget) and the step's queries."""
+    g = gen(seed)
+    planes = MetaPlanes.for_method("quest", hkv, n, d, dtype)
+    pages = [-(-s // n) for s in seq_lens]
+    nb = sum(pages) + 4
+    kv = randn(nb, hkv + planes.num_slots, n, 2 * d, g=g, dtype=dtype)
+    layout, meta = PageLayout.of(kv, hkv, "planes"), planes.views(kv)
+    perm = torch.randperm(nb, generator=g)
+    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
+    start = 0
+    for r, p in enumerate(pages):
+        table[r, :p] = perm[start : start + p].int()
+        start += p
+    slots = torch.cat([table[r, torch.arange(s) // n].long() * n + torch.arange(s) % n for r, s in enumerate(seq_lens)])
+    write_page_minmax(layout, kv, meta, slots)
+    qsl = [0]
+    for ql in query_lens:
+        qsl.append(qsl[-1] + ql)
+    policy = LayerPolicy(False, Budget(fraction=0.125, min_tokens=0, max_tokens=None), 1, 2, 0)
+    plan = plan_step(policy, n, qsl, seq_lens)
+    query = randn(qsl[-1], hkv * grp, d, g=g, dtype=dtype)
+    return query, layout.page_keys(kv), table, layout, plan, meta
+
+
+@needs_native
+@pytest.mark.parametrize("rule", ["max", "sum", "union"])
+def test_quest_selector_takes_the_native_path(monkeypatch, rule):
+    calls = []
+    for name in ("quest_bounds", "quest_bounds_rows"):
+        real = getattr(cpu_native, name)
+        monkeypatch.setattr(cpu_native, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    # two decode requests (one batch) and one prefill chunk
+    args = quest_case([900, 700, 1200], [1, 1, 40])
+    sel = QuestSelector(rule)
+    got = sel(*args)
+    assert sorted(calls) == ["quest_bounds", "quest_bounds_rows"]
+    with cpu_native.torch_path():
+        want = sel(*args)
+    assert torch.equal(got.counts, want.counts)
+    for r in range(got.indices.shape[0]):  # same pages (near-ties aside: none at these sizes)
+        k = int(got.counts[r])
+        assert set(got.indices[r, :k].tolist()) == set(want.indices[r, :k].tolist())
+
+
+def test_quest_fallback(monkeypatch, fresh_loader, sparse_log):
+    """No library: the selector runs the torch twins, one warning."""
+    monkeypatch.setattr(cpu_native, "build", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no C++ compiler")))
+    monkeypatch.setattr(cpu_native, "quest_bounds", lambda *a: pytest.fail("native path taken"))
+    monkeypatch.setattr(cpu_native, "quest_bounds_rows", lambda *a: pytest.fail("native path taken"))
+    args = quest_case([500, 300], [1, 20], dtype=torch.float32)
+    query, _, table, _, plan, meta = args
+    got = QuestSelector()(*args)
+    with cpu_native.torch_path():
+        want = QuestSelector()(*args)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.counts, want.counts)
+    blocks = table[1, : plan.requests[1].num_past_pages].long()
+    q = query[1:21]
+    assert torch.equal(quest._bounds(q, meta, blocks), twin_bounds(q, meta, blocks))
+    assert len([r for r in sparse_log if r.levelno == logging.WARNING]) == 1
+
+
+@needs_native
+def test_portable_path_matches_twins():
+    """The non-AVX-512 loops (``VLLM_SPARSE_NO_AVX512=1``), Quest and QuoKA, in a fresh process."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from vllm_sparse.kernels import cpu_native
+        from vllm_sparse.layout import MetaPlanes
+        from vllm_sparse.selectors.quest import page_upper_bounds
+        from vllm_sparse.selectors.quoka import score_pages
+        ops = cpu_native.load()
+        assert ops is not None and not ops.has_avx512(), cpu_native._state
+        torch.manual_seed(0)
+        for dtype in (torch.bfloat16, torch.float32):
+            for d, grp, nq, p in ((64, 7, 1, 70), (128, 2, 33, 130), (40, 1, 5, 3)):
+                planes = MetaPlanes.for_method("quest", 2, 16, d, dtype)
+                kv = torch.randn(150, 2 + planes.num_slots, 16, 2 * d).to(dtype)
+                m = planes.views(kv)
+                m.kmin.copy_(torch.randn(150, 2, d) - 0.3)
+                m.kmax.copy_(m.kmin.float() + torch.rand(150, 2, d))
+                blocks = torch.randperm(150)[:p]
+                q = torch.randn(nq, 2 * grp, d)
+                want = page_upper_bounds(q, m.kmin[blocks].transpose(0, 1), m.kmax[blocks].transpose(0, 1))
+                got = cpu_native.quest_bounds(q, m.kmin, m.kmax, blocks)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+                qbar = torch.nn.functional.normalize(torch.randn(2, nq, d), dim=-1)
+                pk = torch.randn(300, 16, d).to(dtype)
+                ids = torch.randperm(300)[: 2 * p].view(2, p)
+                torch.testing.assert_close(cpu_native.quoka_score(qbar, pk, ids), score_pages(qbar, pk[ids]),
+                                           rtol=1e-5, atol=1e-5)
+        print("portable ok")
+        """
+    )
+    env = {**os.environ, "VLLM_SPARSE_NO_AVX512": "1", "VLLM_SPARSE_NATIVE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "portable ok" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,18 +26,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define VS_HAVE_AVX512 1
-#define VS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#else
-#define VS_HAVE_AVX512 0
-#endif
+#include "cpu_features.h"
 
 namespace {
 
@@ -98,20 +93,20 @@ float score_tile_generic(const float* q, int nq, int d, const float* kf, int n, 
 // with the AVX-512 target, so nothing of it can leak into the portable path at link time)
 // ------------------------------------------------------------------------------------------
 
-#if VS_HAVE_AVX512
+#if VSP_HAVE_AVX512
 
-VS_AVX512 static inline __m512 load_f32(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-VS_AVX512 static inline __m512 load_f32(const c10::BFloat16* p, __mmask16 m) {
+VSP_AVX512 static inline __m512 load_f32(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+VSP_AVX512 static inline __m512 load_f32(const c10::BFloat16* p, __mmask16 m) {
   __m256i h = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-VS_AVX512 static inline __m512 load_f32(const c10::Half* p, __mmask16 m) {
+VSP_AVX512 static inline __m512 load_f32(const c10::Half* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
 // Channel-major page (token stride 1): vector converts, 16 tokens at a time, zero padding.
 template <typename T>
-VS_AVX512 static void pack_avx512(const Page& pg, int n, int d, int np, float* kf) {
+VSP_AVX512 static void pack_avx512(const Page& pg, int n, int d, int np, float* kf) {
   const T* k = static_cast<const T*>(pg.base);
   for (int c = 0; c < d; ++c) {
     const T* src = k + c * pg.sd;
@@ -126,7 +121,7 @@ VS_AVX512 static void pack_avx512(const Page& pg, int n, int d, int np, float* k
 
 // QB queries x TV*16 tokens starting at token t0: best[v] = max(best[v], q_i . k).
 template <int QB, int TV>
-VS_AVX512 static inline void qblock(const float* q, int d, const float* kf, int np, int t0, __m512* best) {
+VSP_AVX512 static inline void qblock(const float* q, int d, const float* kf, int np, int t0, __m512* best) {
   __m512 acc[QB][TV];
   for (int i = 0; i < QB; ++i)
     for (int v = 0; v < TV; ++v) acc[i][v] = _mm512_setzero_ps();
@@ -147,7 +142,7 @@ constexpr int kQB = 12;  // 12 queries x 2 vectors = 24 accumulators of the 32 z
 
 // The queries in ceil(nq / kQB) blocks of near-equal size (64 = 11+11+11+11+10+10, not 5x12+4).
 template <int TV>
-VS_AVX512 static void queries_tile(const float* q, int nq, int d, const float* kf, int np, int t0, __m512* best) {
+VSP_AVX512 static void queries_tile(const float* q, int nq, int d, const float* kf, int np, int t0, __m512* best) {
   const int nb = (nq + kQB - 1) / kQB;
   for (int b = 0, i = 0; b < nb; ++b) {
     const int qb = nq / nb + (b < nq % nb ? 1 : 0);
@@ -170,7 +165,7 @@ VS_AVX512 static void queries_tile(const float* q, int nq, int d, const float* k
   }
 }
 
-VS_AVX512 static float score_tile_avx512(const float* q, int nq, int d, const float* kf, int n, int np) {
+VSP_AVX512 static float score_tile_avx512(const float* q, int nq, int d, const float* kf, int n, int np) {
   __m512 page_best = _mm512_set1_ps(kNegInf);
   for (int t0 = 0; t0 < np;) {
     const int tv = (np - t0) >= 32 ? 2 : 1;
@@ -197,14 +192,6 @@ VS_AVX512 static float score_tile_avx512(const float* q, int nq, int d, const fl
   return _mm512_reduce_max_ps(page_best);
 }
 
-bool cpu_has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return ok;
-}
-
-#else
-bool cpu_has_avx512() { return false; }
 #endif
 
 // ------------------------------------------------------------------------------------------
@@ -233,7 +220,7 @@ void score_pages_impl(const at::Tensor& qbar, const at::Tensor& keys, const at::
       const int64_t head = job / p;
       const Page pg{kbase + idp[job] * sp, st, sd};
       const float* q = qb + head * nq * d;
-#if VS_HAVE_AVX512
+#if VSP_HAVE_AVX512
       if (avx) {
         if (cm)
           pack_avx512<T>(pg, (int)n, (int)d, (int)np, kf);

@@ -1,10 +1,10 @@
-"""Native CPU kernels (``vllm_sparse/csrc/quoka_cpu.cpp``): JIT-built against the imported torch.
+"""Native CPU kernels (``vllm_sparse/csrc/*.cpp``: QuoKA, Quest): JIT-built against the imported torch.
 
-The C++ source ships inside the package and is compiled on first use with the system's C++
+The C++ sources ship inside the package and are compiled (into one library) on first use with the system's C++
 compiler (``$CXX``, else ``c++``) against the headers and libraries of whatever torch is imported,
 so the library always matches the user's torch (no build isolation, no prebuilt wheel). The
 result is cached in ``$VLLM_SPARSE_CACHE/ext/<key>/`` (default ``~/.cache/vllm-sparse/ext``), the key
-being the torch version and commit, the C++ ABI, the machine type and a hash of the source and
+being the torch version and commit, the C++ ABI, the machine type and a hash of the sources and
 flags. A build runs under an exclusive file lock and writes to a temporary file that is renamed
 into place, so concurrent processes (vLLM workers) build once and never load a half-written file.
 The AVX-512 code paths are picked at run time, so one build serves every x86-64 CPU.
@@ -14,7 +14,8 @@ Without a compiler, or when the build fails, everything runs on the torch path a
 torch path (no build, no warning).
 
 Ops (``torch.ops.vllm_sparse_cpu``), each with a torch twin that ``tests/test_cpu_native.py``
-compares against: :func:`quoka_score`, :func:`masked_topk`, :func:`quoka_score_topk`.
+compares against: :func:`quoka_score`, :func:`masked_topk`, :func:`quoka_score_topk`
+(``csrc/quoka_cpu.cpp``), :func:`quest_bounds`, :func:`quest_bounds_rows` (``csrc/quest_cpu.cpp``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import torch
 
 logger = logging.getLogger("vllm_sparse")
 
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "quoka_cpu.cpp"
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+SOURCES = sorted(CSRC.glob("*.cpp"))  # every source goes into the one library
+HEADERS = sorted(CSRC.glob("*.h"))
 LIB_NAME = "vllm_sparse_cpu"
 _FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden", "-DNDEBUG"]
 
@@ -68,14 +71,16 @@ def _build_command(cxx: str, out: Path) -> list[str]:
     libs = library_paths()
     cmd = [cxx, *_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     cmd += [f"-I{p}" for p in include_paths()]
-    cmd += [str(SOURCE), "-o", str(out)]
+    cmd += [str(src) for src in SOURCES] + ["-o", str(out)]
     cmd += [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs] + ["-lc10", "-ltorch_cpu"]
     return cmd
 
 
 def build_key(cxx: str) -> str:
-    """``torch<version>-<commit>-<machine>-<hash of source, flags, ABI, compiler>``."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    """``torch<version>-<commit>-<machine>-<hash of sources, flags, ABI, compiler>``."""
+    h = hashlib.sha256()
+    for src in SOURCES + HEADERS:
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
     h.update(repr((_FLAGS, torch._C._GLIBCXX_USE_CXX11_ABI, cxx, sys.version_info[:2])).encode())
     commit = (torch.version.git_version or "")[:8]
     return f"torch{torch.__version__}-{commit}-{platform.machine()}-{h.hexdigest()[:16]}"
@@ -142,7 +147,7 @@ def load():
     else:
         try:
             path = build()
-            if not hasattr(torch.ops, LIB_NAME) or not hasattr(getattr(torch.ops, LIB_NAME), "quoka_score"):
+            if not hasattr(torch.ops, LIB_NAME) or not hasattr(getattr(torch.ops, LIB_NAME), "quest_bounds"):
                 torch.ops.load_library(str(path))
             ops = getattr(torch.ops, LIB_NAME)
         except Exception as e:  # noqa: BLE001 -- any failure means: run the torch path
@@ -221,3 +226,42 @@ def quoka_score_topk(
     return load().quoka_score_topk(
         qbar.float().contiguous(), page_keys, ids.long().contiguous(), _excluded(excluded), int(k)
     )
+
+
+def _quest_planes(kmin: torch.Tensor, kmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if kmin.stride(-1) != 1 or kmax.stride(-1) != 1 or kmin.dtype != kmax.dtype:
+        kmin, kmax = kmin.contiguous(), kmax.to(kmin.dtype).contiguous()  # (the planes never need this)
+    return kmin, kmax
+
+
+def quest_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Quest bounds of one request's queries, summaries read in place from the metadata planes.
+
+    Twin: ``selectors.quest.page_upper_bounds(q, kmin[blocks].transpose(0, 1), kmax[blocks].transpose(0, 1))``.
+
+    Args:
+        q: ``[C, Hq, D]`` the chunk's queries (any float dtype; computed in float32).
+        kmin, kmax: ``[num_blocks, Hkv, D]`` float32/bfloat16/float16 planes (``PageMeta.kmin/kmax``).
+        blocks: ``int [P]`` physical block of each page.
+    Returns:
+        ``float32 [Hkv, G, P]``: per query head, ``max_c sum_d max(q * kmax, q * kmin)`` (before the
+        GQA reduction).
+    """
+    kmin, kmax = _quest_planes(kmin, kmax)
+    return load().quest_bounds(q.float().contiguous()[None], kmin, kmax, blocks.long().reshape(1, -1).contiguous())
+
+
+def quest_bounds_rows(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Quest bounds of one query per slot (decode request) over the slot's pages, in one call.
+
+    Twin: ``selectors.quest.page_upper_bounds_rows(q, kmin, kmax, blocks)``.
+
+    Args:
+        q: ``[S, Hq, D]`` one query per slot.
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes.
+        blocks: ``int [S, P]`` physical block of each page of each slot.
+    Returns:
+        ``float32 [S * Hkv, G, P]``, row ``slot * Hkv + kv_head``.
+    """
+    kmin, kmax = _quest_planes(kmin, kmax)
+    return load().quest_bounds(q.float().contiguous()[:, None], kmin, kmax, blocks.long().contiguous())

@@ -96,23 +96,38 @@ def _triton_ok(q: torch.Tensor, meta: PageMeta) -> bool:
     return q.is_cuda and q.stride(-1) == 1 and meta.kmin.stride(-1) == 1
 
 
+def _native_ok(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> bool:
+    """Whether the native CPU kernel scores (``kernels.cpu_native``: CPU tensors, library loaded)."""
+    from vllm_sparse.kernels import cpu_native
+
+    return cpu_native.usable(q, meta.kmin, meta.kmax, blocks)
+
+
 def _bounds(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> torch.Tensor:
-    """``[Hkv, G, P]`` bounds of the pages in ``blocks`` (``int64 [P]``): the Triton kernel on CUDA
-    (min/max read in place), the torch twin elsewhere."""
+    """``[Hkv, G, P]`` bounds of the pages in ``blocks`` (``int64 [P]``): the Triton kernel on CUDA,
+    the native kernel on CPU (both read min/max in place), else the torch twin."""
     if _triton_ok(q, meta):
         from vllm_sparse.kernels.quest_score import page_upper_bounds_triton
 
         return page_upper_bounds_triton(q, meta.kmin, meta.kmax, blocks)
+    if _native_ok(q, meta, blocks):
+        from vllm_sparse.kernels import cpu_native
+
+        return cpu_native.quest_bounds(q, meta.kmin, meta.kmax, blocks)
     return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
 
 
 def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: _DecodeBatch) -> torch.Tensor:
-    """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA);
-    entries of padding pages are unspecified (the batch excludes them)."""
+    """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA, one
+    native call on CPU); entries of padding pages are unspecified (the batch excludes them)."""
     if _triton_ok(query, meta):
         from vllm_sparse.kernels.quest_score import page_upper_bounds_rows_triton
 
         return page_upper_bounds_rows_triton(query, meta.kmin, meta.kmax, batch.tokens, batch.blocks, batch.num_pages)
+    if _native_ok(query, meta, batch.blocks):
+        from vllm_sparse.kernels import cpu_native
+
+        return cpu_native.quest_bounds_rows(query[batch.tokens], meta.kmin, meta.kmax, batch.blocks)
     return page_upper_bounds_rows(query[batch.tokens], meta.kmin, meta.kmax, batch.blocks)
 
 
