@@ -72,6 +72,7 @@ def test_real_budget_skips_pages_and_completes(engine_results):
     s = r["stats"]
     assert s["sparse_rows"] > 0
     assert s["attended_pages"] < 0.8 * s["dense_pages"], s
+    assert 0 < s["prefill_attended_pages"] < s["prefill_dense_pages"] <= s["dense_pages"], s
 
 
 def test_prefix_cache_hit_reproduces_first_run(engine_results):

@@ -109,6 +109,9 @@ def run_passkey(
         "ttft_s": ttft, "total_s": total, "block_size": block_size,
         "max_num_batched_tokens": max_num_batched_tokens,
         "attended_share": stats["attended_share"] if backend.lower().startswith("sparse_") else 1.0,
+        "prefill_attended_share": stats.get("prefill_attended_share", 1.0)
+        if backend.lower().startswith("sparse_")
+        else 1.0,
         "page_counters": stats,
     }
 
@@ -119,4 +122,7 @@ def print_result(r: dict) -> None:
     print(f"passkey        {r['passkey']}")
     print(f"answer         {r['answer']!r}  ({'correct' if r['correct'] else 'WRONG'})")
     print(f"TTFT           {r['ttft_s']:.1f} s" if r["ttft_s"] else "TTFT           n/a")
-    print(f"KV pages attended: {100 * r['attended_share']:.1f}% of what dense attention reads")
+    print(
+        f"KV pages attended: {100 * r['prefill_attended_share']:.1f}% of what dense attention reads in prefill, "
+        f"{100 * r['attended_share']:.1f}% over prefill and decode"
+    )

@@ -20,6 +20,10 @@ class PageCounters:
     sparse_rows: int = 0  # (request, KV head) rows that were sparse
     attended_pages: int = 0  # sum over rows of pages attended
     dense_pages: int = 0  # sum over rows of pages a dense backend attends
+    # the same two over prefill rows only (query length > 1), from the step plan: decode steps
+    # of QuoKA are dense by default, and they would otherwise dominate the share
+    prefill_attended_pages: int = 0
+    prefill_dense_pages: int = 0
 
     @property
     def attended_share(self) -> float:
@@ -30,18 +34,24 @@ _lock = threading.Lock()
 _counters = PageCounters()
 
 
-def record(sparse_rows: int, attended_pages: int, dense_pages: int) -> None:
+def record(
+    sparse_rows: int, attended_pages: int, dense_pages: int, prefill_attended: int = 0, prefill_dense: int = 0
+) -> None:
     with _lock:
         _counters.steps += 1
         _counters.sparse_rows += sparse_rows
         _counters.attended_pages += attended_pages
         _counters.dense_pages += dense_pages
+        _counters.prefill_attended_pages += prefill_attended
+        _counters.prefill_dense_pages += prefill_dense
 
 
 def snapshot() -> dict:
     with _lock:
         d = asdict(_counters)
     d["attended_share"] = d["attended_pages"] / d["dense_pages"] if d["dense_pages"] else 1.0
+    pd = d["prefill_dense_pages"]
+    d["prefill_attended_share"] = d["prefill_attended_pages"] / pd if pd else 1.0
     return d
 
 
@@ -68,4 +78,4 @@ def read_stats(path: str) -> dict:
         with open(path) as f:
             return json.load(f)
     except FileNotFoundError:
-        return {**asdict(PageCounters()), "attended_share": 1.0}
+        return {**asdict(PageCounters()), "attended_share": 1.0, "prefill_attended_share": 1.0}

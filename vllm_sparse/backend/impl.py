@@ -162,18 +162,20 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
-        sparse_rows, planned, dense_pages = plan.cached(
+        sparse_rows, planned, dense_pages, prefill_planned, prefill_dense = plan.cached(
             ("stats", hkv),
             lambda: (
                 hkv * sum(r.sparse for r in plan.requests),
                 hkv * sum(r.num_pages for r in plan.requests),
                 hkv * sum(r.total_pages for r in plan.requests),
+                hkv * sum(r.num_pages for r in plan.requests if r.query_len > 1),
+                hkv * sum(r.total_pages for r in plan.requests if r.query_len > 1),
             ),
         )
         # Exact counts on CPU; on a GPU the host-known plan (an upper bound for variable budgets),
         # so that counting never syncs with the device.
         attended = planned if query.is_cuda else tables.attended_pages
-        stats.record(sparse_rows=sparse_rows, attended_pages=attended, dense_pages=dense_pages)
+        stats.record(sparse_rows, attended, dense_pages, prefill_planned, prefill_dense)
         if self.layer_idx == self.last_layer:
             stats.flush()
         return output
