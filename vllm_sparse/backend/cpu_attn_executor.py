@@ -61,7 +61,6 @@ class CpuAttnExecutor:
         hkv = num_rows // len(plan.requests)
         t, hq, d = query.shape
         g = hq // hkv
-        n = page_keys.shape[1]
         if plan is not self._plan:
             tok, head, qsl = self._row_layout(plan, tables, hkv, query.device)
             sched = ops.cpu_attn_get_scheduler_metadata(

@@ -22,7 +22,6 @@ from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
 
-
 logger = logging.getLogger("vllm_sparse")
 
 

@@ -209,7 +209,8 @@ class WorkPlan:
         splits = 1
         if self.num_items and self.num_items < num_sms:
             splits = max(1, min(-(-2 * num_sms // self.num_items), max_tokens // (4 * block_n)))
-        self.split_tokens = -(-(-(-max_tokens // splits)) // block_n) * block_n if splits > 1 else 0
+        cdiv = lambda a, b: -(-a // b)  # noqa: E731
+        self.split_tokens = cdiv(cdiv(max_tokens, splits), block_n) * block_n if splits > 1 else 0
         self.splits = -(-max_tokens // self.split_tokens) if splits > 1 else 1
         host = torch.tensor([rows, qblocks], dtype=torch.int32)
         reqs = torch.tensor([list(query_starts), list(query_lens)], dtype=torch.int32)
