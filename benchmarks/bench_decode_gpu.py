@@ -26,6 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_timing import Timer
+
 from vllm_sparse.config import Budget, LayerPolicy
 from vllm_sparse.executors.triton_paged import TritonPagedExecutor
 from vllm_sparse.layout import MetaPlanes, PageLayout
@@ -38,28 +40,6 @@ from vllm_sparse.tables import build_page_tables
 
 HQ, HKV, D, N = 32, 8, 128, 16
 DTYPE = torch.bfloat16
-
-
-class Timer:
-    """Median of CUDA-event times, L2 flushed (a 512 MiB write) before every repetition."""
-
-    def __init__(self, reps: int, warmup: int = 3):
-        self.reps, self.warmup = reps, warmup
-        self.flush_buf = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-
-    def __call__(self, fn) -> float:
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        for _ in range(self.reps):
-            self.flush_buf.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return sorted(times)[len(times) // 2]
 
 
 def make_case(context: int, batch: int, seed: int):

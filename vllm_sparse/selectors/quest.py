@@ -33,7 +33,7 @@ import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, decode_requests, empty_selection, forced_past
 
 GqaReduce = Literal["max", "sum", "union"]
 QUERY_BLOCK = 256  # chunk queries scored at a time (bounds the [Hkv, G, C, P] intermediate)
@@ -245,26 +245,16 @@ def decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) -
 
 
 def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
-    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
-    if not reqs:
+    d = decode_requests(plan, block_table)
+    if d is None:
         return None
-    device = block_table.device
-    p_max = max(q.num_past_pages for _, q in reqs)
-    host = torch.tensor(
-        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
-        dtype=torch.int64,
-    ).to(device, non_blocking=True)
-    req, tok, past, head_end, tail, num_select = (host[:, i] for i in range(6))
-    p = torch.arange(p_max, device=device)[None, :]
-    excluded = (p >= past[:, None]) | (p < head_end[:, None]) | (p >= tail[:, None])  # [nd, P_max]
-    blocks = block_table.long()[req[:, None], torch.minimum(p, past[:, None] - 1)]  # padding: last past page
-    heads = torch.arange(hkv, device=device)
+    blocks, excluded = d.past_blocks(block_table)  # [nd, P_max]
     return _DecodeBatch(
-        tokens=tok,
+        tokens=d.tokens,
         blocks=blocks.contiguous(),
-        num_pages=past.to(torch.int32),
-        rows=(req[:, None] * hkv + heads[None, :]).reshape(-1),
+        num_pages=d.past.to(torch.int32),
+        rows=d.rows(hkv),
         excluded=excluded.repeat_interleave(hkv, dim=0),
-        counts=num_select.repeat_interleave(hkv).to(torch.int32),
-        max_select=max(q.num_select for _, q in reqs),
+        counts=d.num_select.repeat_interleave(hkv).to(torch.int32),
+        max_select=d.max_select,
     )

@@ -22,7 +22,7 @@ import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, empty_selection, forced_past, past_page_ids
+from vllm_sparse.selectors.base import Selection, decode_requests, empty_selection, forced_past, past_page_ids
 
 
 def query_mean_similarity(q: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -180,28 +180,18 @@ def _decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout)
 
 
 def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> _DecodeBatch | None:
-    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
-    if not reqs:
+    d = decode_requests(plan, block_table)
+    if d is None:
         return None
-    hkv, device = layout.num_kv_heads, block_table.device
-    p_max = max(q.num_past_pages for _, q in reqs)
-    host = torch.tensor(
-        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
-        dtype=torch.int64,
-    ).to(device, non_blocking=True)
-    req, tok, past, head_end, tail = (host[:, i] for i in range(5))
-    p = torch.arange(p_max, device=device)[None, :]
-    excluded = (p >= past[:, None]) | (p < head_end[:, None]) | (p >= tail[:, None])  # [nd, P_max]
-    blocks = block_table.long()[req[:, None], torch.minimum(p, past[:, None] - 1)]  # padding: last past page
-    heads = torch.arange(hkv, device=device)
-    ids = layout.page_ids(blocks[:, None, :], heads[None, :, None]).reshape(-1, p_max)  # [nd * Hkv, P_max]
-    rows = (req[:, None] * hkv + heads[None, :]).reshape(-1)
-    counts = host[:, 5].repeat_interleave(hkv).to(torch.int32)
+    hkv = layout.num_kv_heads
+    blocks, excluded = d.past_blocks(block_table)  # [nd, P_max]
+    heads = torch.arange(hkv, device=blocks.device)
+    ids = layout.page_ids(blocks[:, None, :], heads[None, :, None]).reshape(-1, d.max_past)  # [nd * Hkv, P_max]
     return _DecodeBatch(
-        tok,
-        rows,
+        d.tokens,
+        d.rows(hkv),
         ids,
         excluded.repeat_interleave(hkv, dim=0),
-        counts,
-        max(q.num_select for _, q in reqs),
+        d.num_select.repeat_interleave(hkv).to(torch.int32),
+        d.max_select,
     )

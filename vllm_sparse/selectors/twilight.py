@@ -35,7 +35,7 @@ import torch
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.metadata.int4_shadow import dequantize_int4
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, Selector, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, Selector, decode_requests, empty_selection, forced_past
 
 QUERY_BLOCK = 128  # chunk queries estimated at a time
 
@@ -241,32 +241,27 @@ def _decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) 
 
 
 def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
-    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
-    if not reqs:
+    d = decode_requests(plan, block_table)
+    if d is None:
         return None
     device = block_table.device
     # forced past pages of a request: [0, forced_head) + [forced_tail, num_past_pages)
-    f_max = max(q.forced_head + max(0, q.num_past_pages - q.forced_tail) for _, q in reqs)
-    k_max = max(q.num_select for _, q in reqs)
-    host = torch.tensor(
-        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
-        dtype=torch.int64,
-    ).to(device, non_blocking=True)
-    req, tok, past, head_end, tail, num_select = (host[:, i] for i in range(6))
-    table = block_table.long()[req]  # [nd, W]
+    reqs = [q for q in plan.requests if q.sparse and q.num_select and q.query_len == 1]
+    f_max = max(q.forced_head + max(0, q.num_past_pages - q.forced_tail) for q in reqs)
+    k_max = d.max_select
+    table = block_table.long()[d.req]  # [nd, W]
     width = table.shape[1]
     f = torch.arange(f_max, device=device)[None, :]
-    page = torch.where(f < head_end[:, None], f, tail[:, None] + f - head_end[:, None])
-    fvalid = page < past[:, None]
+    page = torch.where(f < d.head_end[:, None], f, d.tail[:, None] + f - d.head_end[:, None])
+    fvalid = page < d.past[:, None]
     forced = table.gather(1, torch.where(fvalid, page, 0)).masked_fill_(~fvalid, -1)  # [nd, F_max]
-    heads = torch.arange(hkv, device=device)
     slot = torch.arange(len(reqs), device=device)
     return _DecodeBatch(
-        tokens=tok,
-        rows=(req[:, None] * hkv + heads[None, :]).reshape(-1),
+        tokens=d.tokens,
+        rows=d.rows(hkv),
         table=table.reshape(-1),
         row_table=(slot * width).repeat_interleave(hkv),
         forced_blocks=forced.repeat_interleave(hkv, dim=0),
-        cand_valid=(torch.arange(k_max, device=device)[None, :] < num_select[:, None]).repeat_interleave(hkv, dim=0),
+        cand_valid=(torch.arange(k_max, device=device)[None, :] < d.num_select[:, None]).repeat_interleave(hkv, dim=0),
         max_select=k_max,
     )

@@ -1,0 +1,27 @@
+"""Shared by the GPU benchmarks: a CUDA-event timer with the L2 flushed before every repetition."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Timer:
+    """Median of CUDA-event times, L2 flushed (a 512 MiB write) before every repetition."""
+
+    def __init__(self, reps: int, warmup: int = 3):
+        self.reps, self.warmup = reps, warmup
+        self.flush_buf = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.reps):
+            self.flush_buf.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
