@@ -398,15 +398,23 @@ def perf(args) -> dict:
         "tpot_all": args.tpot_all,
     }
     specs = []
-    for label in args.backends.split(","):  # "sparse_quoka+dense_decode": sparse prefill, dense decode
-        b, _, variant = label.partition("+")
+    # variants after "+": dense_decode / sparse_decode (decode steps), windowW (chunk_query_window=W)
+    for label in args.backends.split(","):  # e.g. "sparse_quoka+dense_decode", "sparse_twilight+window64"
+        b, *variants = label.split("+")
         extra = {}
         if "sparse" in b:
             cfg = {**PERF_BUDGET["sparse_attention"]}
-            if variant in ("dense_decode", "sparse_decode"):
-                cfg["sparse_decode"] = variant == "sparse_decode"
+            for variant in variants:
+                if variant in ("dense_decode", "sparse_decode"):
+                    cfg["sparse_decode"] = variant == "sparse_decode"
+                elif variant.startswith("window"):
+                    cfg["chunk_query_window"] = int(variant.removeprefix("window"))
+                else:
+                    raise SystemExit(f"unknown backend variant {variant!r} in {label!r}")
             extra = {"additional_config": {"sparse_attention": cfg}}
-        specs.append({**common, "name": f"perf_{label.lower().replace('+', '_')}", "backend": b, "label": label, **extra})
+        specs.append(
+            {**common, "name": f"perf_{label.lower().replace('+', '_')}", "backend": b, "label": label, **extra}
+        )
     results = run_specs(specs, out, False, args.deadline_at)
     table = []
     for ctx in contexts:

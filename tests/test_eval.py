@@ -17,6 +17,7 @@ import pytest
 from vllm_sparse.eval import tasks
 from vllm_sparse.eval.haystack import generated_sentences, load_haystack, split_sentences
 from vllm_sparse.eval.models import UnknownModelError
+from vllm_sparse.eval.report import rerender
 from vllm_sparse.eval.runner import Backend, EvalConfig, default_backends, run_eval
 
 CONTEXT = 1024
@@ -150,5 +151,13 @@ def test_eval_end_to_end_tiny(tiny_llama, tmp_path):
     assert sparse["page_counters"]["attended_share"] < 1.0  # the sparse engine really skipped pages
     report = (out / "report.md").read_text()
     assert "CPU_ATTN (dense)" in report and "sparse_quoka@0.25" in report
+    for png in ("accuracy_vs_context.png", "accuracy_vs_budget.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+    # re-rendered from the JSON files alone (as after a GPU run without matplotlib): the same report
+    for name in ("report.md", "accuracy_vs_context.png", "accuracy_vs_budget.png"):
+        (out / name).unlink()
+    rerender(out)
+    assert (out / "report.md").read_text() == report
     for png in ("accuracy_vs_context.png", "accuracy_vs_budget.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

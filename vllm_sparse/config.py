@@ -107,6 +107,9 @@ class LayerOverride(_Strict):
     dense: bool | None = None
 
 
+TWILIGHT_CHUNK_QUERY_WINDOW = 64
+
+
 class SparseConfig(_Strict):
     method: Method = "quoka"
     budget: Budget = Budget()
@@ -118,6 +121,11 @@ class SparseConfig(_Strict):
     # (its scoring reads every past key, so a decode step saves little and pays the selection;
     # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata).
     sparse_decode: bool | None = None
+    # Prefill chunks score pages with their last ``chunk_query_window`` queries only; 0: every query
+    # of the chunk (the papers' rule); None: the method's default, 64 for Twilight (its INT4 mass
+    # estimate over every query of an 8K chunk made TTFT at 128K 5x slower than dense; with 64,
+    # faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json) and 0 for the others.
+    chunk_query_window: int | None = Field(None, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
@@ -126,6 +134,13 @@ class SparseConfig(_Strict):
     compact: CompactOptions = CompactOptions()
     layers: dict[int, LayerOverride] = Field(default_factory=dict)
     _policies: dict[int, LayerPolicy] = PrivateAttr(default_factory=dict)
+
+    def query_window(self) -> int | None:
+        """The resolved ``chunk_query_window``: a number of queries, or None for every query."""
+        window = self.chunk_query_window
+        if window is None:
+            window = TWILIGHT_CHUNK_QUERY_WINDOW if self.method == "twilight" else 0
+        return window or None
 
     def model_reasons(self, num_layers: int) -> list[str]:
         """Reasons this config does not fit a model with ``num_layers`` attention layers."""
@@ -185,9 +200,9 @@ class ResolvedConfig:
 def method_of_backend(backend_name: str) -> str:
     """``SPARSE_QUOKA`` -> ``quoka``."""
     name = backend_name.lower()
-    if not name.startswith("sparse_") or name[len("sparse_"):] not in METHODS:
+    if not name.startswith("sparse_") or name[len("sparse_") :] not in METHODS:
         raise ValueError(f"{backend_name!r} is not a vllm-sparse backend name")
-    return name[len("sparse_"):]
+    return name[len("sparse_") :]
 
 
 def _load_yaml(path: str | Path, source: str) -> dict[str, Any]:

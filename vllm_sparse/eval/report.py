@@ -13,7 +13,9 @@ Files in the run's ``out_dir``:
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import os
 import platform
 import shlex
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 ALL = "all tasks"
+RERENDER_HINT = "python -m vllm_sparse.eval.report OUT_DIR"
+logger = logging.getLogger(__name__)
 
 
 def cpu_model() -> str:
@@ -105,13 +109,15 @@ def markdown(result, table: dict, machine: dict, command: str) -> str:
             f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}"
         ),
         "",
-        "| backend | engine start (s) | generate (s) | KV pages attended |",
-        "|---|---|---|---|",
+        "| backend | engine start (s) | generate (s) | KV pages attended: all steps | prefill chunks only |",
+        "|---|---|---|---|---|",
     ]
     for r in runs:
-        share = r.page_counters.get("attended_share")
-        shown = f"{100 * share:.1f}%" if share is not None and r.backend.is_sparse else "100% (dense)"
-        lines.append(f"| {r.backend.label} | {r.start_s} | {r.generate_s} | {shown} |")
+        shown = []
+        for key in ("attended_share", "prefill_attended_share"):
+            share = r.page_counters.get(key)
+            shown.append(f"{100 * share:.1f}%" if share is not None and r.backend.is_sparse else "100% (dense)")
+        lines.append(f"| {r.backend.label} | {r.start_s} | {r.generate_s} | {shown[0]} | {shown[1]} |")
     for r in runs:
         if r.backend.sparse:
             lines.append(f"\n`{r.backend.label}` sparse_attention: `{json.dumps(r.backend.sparse)}`")
@@ -242,7 +248,67 @@ def write_report(result) -> dict[str, str]:
     files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
     result.markdown = markdown(result, table, machine, command)
     files["markdown"].write_text(result.markdown)
-    plot_context(result, table, files["plot_context"])
-    plot_budget(result, table, files["plot_budget"])
+    if importlib.util.find_spec("matplotlib") is None:
+        logger.warning("matplotlib is not installed: no PNG plots (re-render later with `%s`)", RERENDER_HINT)
+        del files["plot_context"], files["plot_budget"]
+    else:
+        plot_context(result, table, files["plot_context"])
+        plot_budget(result, table, files["plot_budget"])
     result.files = {k: str(v) for k, v in files.items()}
     return result.files
+
+
+def load_result(out_dir: str | os.PathLike[str]):
+    """Rebuild an eval result from the ``summary.json`` and ``samples.json`` a run wrote.
+
+    Used to re-render the markdown and the plots on another machine (for example after a GPU run
+    whose host had no matplotlib).
+    """
+    from types import SimpleNamespace
+
+    from vllm_sparse.eval.runner import Backend, BackendRun, EvalConfig, EvalResult
+
+    out = Path(out_dir)
+    summary = json.loads((out / "summary.json").read_text())
+    records = json.loads((out / "samples.json").read_text())
+    cfg = dict(summary["config"])
+    backends = [Backend(**b) for b in cfg.pop("backends") or []]
+    config = EvalConfig(**cfg, backends=backends or None)
+    config.out_dir = str(out)
+    config.command = summary["command"]
+    by_label = {b.label: b for b in backends}
+    runs = []
+    for entry in summary["backends"]:
+        backend = by_label.get(entry["label"]) or Backend(
+            entry["label"], entry["attention_backend"], entry["sparse_attention"]
+        )
+        mine = [r for r in records if r["backend"] == entry["label"]]
+        runs.append(BackendRun(backend, mine, entry["engine_start_s"], entry["generate_s"], entry["page_counters"]))
+    first = runs[0].records if runs else []
+    samples = [SimpleNamespace(task=r["task"], context=r["context"], haystack=r["haystack"]) for r in first]
+    return EvalResult(config, summary["model_path"], samples, runs)
+
+
+def rerender(out_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Write report.md and the PNG plots of a finished run again from its JSON files.
+
+    The machine recorded is the one the run measured on, not the one re-rendering.
+    """
+    result = load_result(out_dir)
+    summary = json.loads((Path(out_dir) / "summary.json").read_text())
+    records = [rec for r in result.runs for rec in r.records]
+    table = accuracy_table(records)
+    out = Path(out_dir)
+    result.markdown = markdown(result, table, summary["machine"], summary["command"])
+    (out / "report.md").write_text(result.markdown)
+    plot_context(result, table, out / "accuracy_vs_context.png")
+    plot_budget(result, table, out / "accuracy_vs_budget.png")
+    return {"markdown": str(out / "report.md"), "plot_context": str(out / "accuracy_vs_context.png"),
+            "plot_budget": str(out / "accuracy_vs_budget.png")}  # fmt: skip
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {RERENDER_HINT}")
+    for kind, path in rerender(sys.argv[1]).items():
+        print(f"{kind}: {path}")

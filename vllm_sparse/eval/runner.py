@@ -243,6 +243,9 @@ def run_eval(config: EvalConfig) -> EvalResult:
     if not any(not b.is_sparse for b in backends):
         raise ValueError("the backends must include a dense one: the report compares every sparse one with it")
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # Engines start from a parent that has loaded torch (and may have touched CUDA): fork would
+    # fail on GPUs with "Cannot re-initialize CUDA in forked subprocess".
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     samples = build_samples(tokenizer, config)

@@ -13,17 +13,18 @@ IMPLEMENTED_METHODS = ("quoka", "quest", "twilight")
 
 def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
     """The selector of ``config.method``; ``scale`` is the layer's softmax scale (default 1/sqrt(D))."""
+    window = config.query_window()
     if config.method == "quoka":
-        return QuokaSelector(config.quoka.num_queries)
+        return QuokaSelector(config.quoka.num_queries, query_window=window)
     if config.method == "quest":
-        return QuestSelector(config.quest.gqa_reduce, scale)
+        return QuestSelector(config.quest.gqa_reduce, scale, query_window=window)
     if config.method == "twilight":
         tw = config.twilight
         if tw.candidates == "quest":
-            base: Selector = QuestSelector(config.quest.gqa_reduce, scale)
+            base: Selector = QuestSelector(config.quest.gqa_reduce, scale, query_window=window)
         else:
-            base = QuokaSelector(config.quoka.num_queries)
-        return TwilightSelector(base, tw.top_p, scale)
+            base = QuokaSelector(config.quoka.num_queries, query_window=window)
+        return TwilightSelector(base, tw.top_p, scale, query_window=window)
     raise NotImplementedError(
         f"sparse_{config.method} is not implemented yet; implemented: "
         + ", ".join(f"sparse_{m}" for m in IMPLEMENTED_METHODS)

@@ -66,6 +66,15 @@ def past_page_ids(block_table: torch.Tensor, request: int, num_past: int, layout
     return layout.page_ids(blocks[None, :], heads[:, None])
 
 
+def chunk_queries(query: torch.Tensor, req, window: int | None) -> torch.Tensor:
+    """The queries a request's chunk scores pages with: ``query[start : start + len]`` ``[L, Hq, D]``,
+    or only its last ``window`` of them (an observation window, as SnapKV's: the chunk's last
+    tokens, such as the question after a long document, are what the next tokens build on)."""
+    end = req.query_start + req.query_len
+    start = req.query_start if window is None else max(req.query_start, end - window)
+    return query[start:end]
+
+
 def forced_past(req, device: torch.device) -> torch.Tensor:
     """Forced pages among a request's past pages (sink, local window): ``int64 [F']``."""
     return req.forced_past_on(device)

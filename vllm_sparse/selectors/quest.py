@@ -33,7 +33,7 @@ import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, decode_requests, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, chunk_queries, decode_requests, empty_selection, forced_past
 
 GqaReduce = Literal["max", "sum", "union"]
 QUERY_BLOCK = 256  # chunk queries scored at a time (bounds the [Hkv, G, C, P] intermediate)
@@ -170,9 +170,18 @@ def reduce_and_pick(
 
 
 class QuestSelector:
-    def __init__(self, gqa_reduce: GqaReduce = "max", scale: float | None = None, batch_decode: bool = True):
+    def __init__(
+        self,
+        gqa_reduce: GqaReduce = "max",
+        scale: float | None = None,
+        batch_decode: bool = True,
+        query_window: int | None = None,
+    ):
         """``scale``: softmax scale for ``sum`` (default ``1/sqrt(D)``); ``batch_decode``: score the
-        step's decode requests together (``False``: one request at a time, the reference)."""
+        step's decode requests together (``False``: one request at a time, the reference);
+        ``query_window``: prefill chunks take the max over their last ``query_window`` queries
+        only (None: over every query of the chunk)."""
+        self.query_window = query_window
         self.gqa_reduce = gqa_reduce
         self.scale = scale
         self.batch_decode = batch_decode
@@ -206,7 +215,7 @@ class QuestSelector:
             if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
             blocks = block_table[r, : req.num_past_pages].long()
-            q = query[req.query_start : req.query_start + req.query_len]
+            q = chunk_queries(query, req, self.query_window)
             scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
             top = reduce_and_pick(scores, forced_past(req, scores.device), req.num_select, self.gqa_reduce, scale)
             rows = slice(r * hkv, (r + 1) * hkv)

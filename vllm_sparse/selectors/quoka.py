@@ -22,7 +22,14 @@ import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, decode_requests, empty_selection, forced_past, past_page_ids
+from vllm_sparse.selectors.base import (
+    Selection,
+    chunk_queries,
+    decode_requests,
+    empty_selection,
+    forced_past,
+    past_page_ids,
+)
 
 
 def query_mean_similarity(q: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -114,8 +121,11 @@ def _top_pages(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor, e
 
 
 class QuokaSelector:
-    def __init__(self, num_queries: int = 64):
+    def __init__(self, num_queries: int = 64, query_window: int | None = None):
+        """``num_queries``: queries kept per chunk and query head (N_Q); ``query_window``: prefill
+        chunks subselect among their last ``query_window`` queries only (None: every query)."""
         self.num_queries = num_queries
+        self.query_window = query_window
 
     def __call__(
         self,
@@ -143,7 +153,7 @@ class QuokaSelector:
         for r, req in enumerate(plan.requests):
             if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
-            q = subselect_queries(query[req.query_start : req.query_start + req.query_len], self.num_queries)
+            q = subselect_queries(chunk_queries(query, req, self.query_window), self.num_queries)
             qbar = group_query(q.float(), hkv)
             ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
             top = _top_pages(qbar, page_keys, ids, forced_past(req, ids.device), req.num_select)

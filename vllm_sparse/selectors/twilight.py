@@ -35,7 +35,7 @@ import torch
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.metadata.int4_shadow import dequantize_int4
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import Selection, Selector, decode_requests, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, Selector, chunk_queries, decode_requests, empty_selection, forced_past
 
 QUERY_BLOCK = 128  # chunk queries estimated at a time
 
@@ -144,10 +144,19 @@ def top_p_keep(cand_mass: torch.Tensor, forced_mass: torch.Tensor, top_p: float)
 
 
 class TwilightSelector:
-    def __init__(self, base: Selector, top_p: float = 0.95, scale: float | None = None, batch_decode: bool = True):
+    def __init__(
+        self,
+        base: Selector,
+        top_p: float = 0.95,
+        scale: float | None = None,
+        batch_decode: bool = True,
+        query_window: int | None = None,
+    ):
         """``base``: candidate selector; ``scale``: softmax scale (default ``1/sqrt(D)``);
         ``batch_decode``: estimate the step's decode requests together (``False``: one request at
-        a time, the reference)."""
+        a time, the reference); ``query_window``: prefill chunks estimate the mass from their last
+        ``query_window`` queries only (None: every query)."""
+        self.query_window = query_window
         self.base = base
         self.top_p = top_p
         self.scale = scale
@@ -186,7 +195,7 @@ class TwilightSelector:
             forced = forced_past(req, picked.device)
             pages = torch.cat([forced[None, :].expand(hkv, -1), picked], dim=1)  # [Hkv, F + K]
             blocks = block_table[r].long()[pages]  # [Hkv, F + K]
-            q = query[req.query_start : req.query_start + req.query_len]
+            q = chunk_queries(query, req, self.query_window)
             mass = _page_mass(q, meta, blocks, n, scale)  # [Hkv, G, F + K]
             f = forced.numel()
             keep = top_p_keep(mass[..., f:], mass[..., :f].sum(dim=-1), self.top_p)  # [Hkv, K]
