@@ -182,7 +182,7 @@ def main() -> None:
                 ))  # fmt: skip
             for name, policy, selector in cases:
                 plan = plan_step(policy, N, qsl, seqs)
-                fixed = fi_ex if name.startswith("quest") else None  # Twilight's rows vary: Triton only
+                fixed = fi_ex if selector.fixed_counts else None  # varying rows (Twilight): Triton only
                 m = time_sparse(timer, ex, selector, plan, query, cache, table, layout, meta, scale, fixed)
                 for kind in ("attention", "forward", "attention_flashinfer", "forward_flashinfer"):
                     if f"{kind}_ms" in m:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from vllm.config import get_current_vllm_config
@@ -23,6 +24,17 @@ from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
 
 logger = logging.getLogger("vllm_sparse")
+
+
+@dataclass(frozen=True)
+class CacheViews:
+    """A layer cache's layout and views, kept while the cache tensor (``key``) stays the same."""
+
+    key: tuple
+    layout: PageLayout
+    page_keys: torch.Tensor  # [num_pages, N, D] strided view
+    page_values: torch.Tensor  # [num_pages, N, D] strided view
+    meta: PageMeta | None
 
 
 class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
@@ -68,20 +80,22 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
         self.execute = self._pick_executor(device_type)
-        if device_type == "cpu" and self.method == "quoka":
+        if device_type == "cpu":
             from vllm_sparse.kernels import cpu_native
 
             cpu_native.available()  # build or load the native CPU ops now, not in the first forward
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
         self.layer_idx: int | None = None
+        self._cached_views: CacheViews | None = None
 
     def _pick_executor(self, device_type: str):
         """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's.
 
-        The FlashInfer executor plans fixed page counts per row; Twilight's top-p rows vary, so on
-        GPUs it runs the Triton paged executor, which reads each row's length on the device (the
-        torch reference executor, correct and slow, where triton is missing).
+        The FlashInfer executor plans fixed page counts per row; a selector whose rows vary
+        (``fixed_counts = False``: Twilight's top-p) runs on GPUs through the Triton paged executor,
+        which reads each row's length on the device (the torch reference executor, correct and
+        slow, where triton is missing).
         """
         if self.config.executor == "reference":
             return reference_executor
@@ -89,35 +103,46 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             from vllm_sparse.backend.cpu_attn_executor import CpuAttnExecutor
 
             return CpuAttnExecutor()
-        if device_type == "cuda" and self.method == "twilight":
+        if device_type == "cuda" and not self.selector.fixed_counts:
             import importlib.util
 
             if importlib.util.find_spec("triton") is not None:
                 from vllm_sparse.executors.triton_paged import TritonPagedExecutor
 
                 return TritonPagedExecutor()
-            logger.warning("vllm-sparse: triton is not installed; sparse_twilight runs the torch reference executor")
+            logger.warning(
+                "vllm-sparse: triton is not installed; sparse_%s runs the torch reference executor", self.method
+            )
             return reference_executor
         return get_executor(device_type)
 
-    def _layout(self, kv_cache: torch.Tensor) -> PageLayout:
-        return PageLayout.of(kv_cache, self.num_kv_heads, self.kv_order)
-
-    def _meta(self, kv_cache: torch.Tensor, layout: PageLayout) -> PageMeta | None:
-        """Views of this method's metadata planes in ``kv_cache`` (``None`` if it keeps none)."""
-        planes = MetaPlanes.for_method(
-            self.method, layout.num_kv_heads, layout.page_size, layout.head_size, kv_cache.dtype
-        )
-        return None if planes is None else planes.views(kv_cache)
+    def _views(self, kv_cache: torch.Tensor) -> CacheViews:
+        """The layout of ``kv_cache`` and its strided views (keys and values by page id, metadata
+        planes), made once per cache tensor: vLLM keeps a layer's cache for the engine's life."""
+        key = (kv_cache.data_ptr(), kv_cache.shape, kv_cache.stride(), kv_cache.dtype)
+        views = self._cached_views
+        if views is None or views.key != key:
+            layout = PageLayout.of(kv_cache, self.num_kv_heads, self.kv_order)
+            planes = MetaPlanes.for_method(
+                self.method, layout.num_kv_heads, layout.page_size, layout.head_size, kv_cache.dtype
+            )
+            views = self._cached_views = CacheViews(
+                key,
+                layout,
+                layout.page_keys(kv_cache),
+                layout.page_values(kv_cache),
+                None if planes is None else planes.views(kv_cache),  # None: the method keeps no metadata
+            )
+        return views
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """Stage 0: write this step's K/V (``[T, Hkv, D]``) into ``kv_cache`` at ``slot_mapping``,
         then the page metadata of every touched page (methods that keep it)."""
         if self.kv_sharing_target_layer_name is not None:
             return
-        layout = self._layout(kv_cache)
+        views = self._views(kv_cache)
+        layout, meta = views.layout, views.meta
         self.write_kv(layout, kv_cache, key, value, slot_mapping)
-        meta = self._meta(kv_cache, layout)
         if meta is None:
             return
         if meta.kmin is not None:
@@ -147,13 +172,12 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             self.policy = self.config.for_layer(self.layer_idx)
         n = attn_metadata.num_actual_tokens
         query, out = query[:n], output[:n]
-        layout = self._layout(kv_cache)
-        page_keys, page_values = layout.page_keys(kv_cache), layout.page_values(kv_cache)
+        views = self._views(kv_cache)
+        layout, page_keys, page_values = views.layout, views.page_keys, views.page_values
 
         plan = attn_metadata.plan_for(self.policy)  # 1 policy
         if plan.any_sparse:  # 2 select
-            meta = self._meta(kv_cache, layout)
-            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan, meta)
+            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan, views.meta)
         else:
             hkv = layout.num_kv_heads
             selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))

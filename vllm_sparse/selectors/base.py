@@ -26,6 +26,10 @@ class Selection:
 
 
 class Selector(Protocol):
+    # True: every sparse row returns exactly ``num_select`` pages, so executors can plan the row
+    # lengths on the host (FlashInfer); False: counts vary per row and are known only on the device.
+    fixed_counts: bool
+
     def __call__(
         self,
         query: torch.Tensor,

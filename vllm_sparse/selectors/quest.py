@@ -170,6 +170,8 @@ def reduce_and_pick(
 
 
 class QuestSelector:
+    fixed_counts = True  # exactly num_select pages per sparse row
+
     def __init__(
         self,
         gqa_reduce: GqaReduce = "max",

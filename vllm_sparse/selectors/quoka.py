@@ -121,6 +121,8 @@ def _top_pages(qbar: torch.Tensor, page_keys: torch.Tensor, ids: torch.Tensor, e
 
 
 class QuokaSelector:
+    fixed_counts = True  # exactly num_select pages per sparse row
+
     def __init__(self, num_queries: int = 64, query_window: int | None = None):
         """``num_queries``: queries kept per chunk and query head (N_Q); ``query_window``: prefill
         chunks subselect among their last ``query_window`` queries only (None: every query)."""

@@ -144,6 +144,8 @@ def top_p_keep(cand_mass: torch.Tensor, forced_mass: torch.Tensor, top_p: float)
 
 
 class TwilightSelector:
+    fixed_counts = False  # top-p: fewer pages per row, counted on the device
+
     def __init__(
         self,
         base: Selector,
