@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import signal
 import statistics
@@ -45,6 +46,16 @@ FULL_BUDGET = {
         "dense_below_tokens": 0,
     }
 }
+# every row of every layer through the selection path (selection, tables, sparse executor, the
+# device decode path), every page selected: must still equal dense
+FORCED_SPARSE = {
+    "sparse_attention": {
+        **FULL_BUDGET["sparse_attention"],
+        "force_sparse": True,
+        "sparse_decode": True,
+        "twilight": {"top_p": 1.0, "candidate_fraction": 1.0},
+    }
+}
 REAL_BUDGET = {
     "sparse_attention": {
         "budget": {"fraction": 0.25, "min_tokens": 64, "max_tokens": None},
@@ -52,9 +63,11 @@ REAL_BUDGET = {
         "local_tokens": 64,
         "dense_layers": [0],
         "dense_below_tokens": 256,
+        "sparse_decode": True,
         "quoka": {"num_queries": 16},
     }
 }
+FORCED_METHODS = ("quoka", "quest", "twilight")
 PERF_BUDGET = {"sparse_attention": {"budget": {"fraction": 0.125}}}  # other fields: method defaults
 
 LLAMA_8B = {
@@ -267,12 +280,14 @@ def collect(spec: dict, proc: subprocess.Popen, out: Path, deadline: float) -> d
     proc.wait()
     time.sleep(2)  # let the driver release its memory before the next engine starts
     path = Path(spec["result_path"])
+    log = (out / f"log_{spec['name']}.txt").read_text(errors="replace")
     if path.exists():
         res = json.loads(path.read_text())
     else:
-        tail = (out / f"log_{spec['name']}.txt").read_text()[-3000:]
-        res = {"ok": False, "rc": rc, "log_tail": tail}
+        res = {"ok": False, "rc": rc, "log_tail": log[-3000:]}
     res["rc"] = rc
+    # kernels vLLM's JIT monitor saw compiled after start-up (a latency spike in serving)
+    res["jit_during_inference"] = sorted(set(re.findall(r"JIT compilation during inference: (\w+)", log)))
     return res
 
 
@@ -334,12 +349,13 @@ def tiny(args) -> dict:
         "max_model_len": 4096,
         "max_num_batched_tokens": 100,
         "kv_cache_memory_bytes": 1 << 30,
-        "gpu_memory_utilization": 0.08,
+        "gpu_memory_utilization": 0.05,
     }
     specs = []
     for mode in args.modes.split(","):
         specs += [
             {**common, "name": f"{mode}_flash_attn", "mode": mode, "backend": "FLASH_ATTN"},
+            {**common, "name": f"{mode}_flashinfer", "mode": mode, "backend": "FLASHINFER"},
             {
                 **common,
                 "name": f"{mode}_sparse_full",
@@ -347,28 +363,36 @@ def tiny(args) -> dict:
                 "backend": "sparse_quoka",
                 "additional_config": FULL_BUDGET,
             },
+            {
+                **common,
+                "name": f"{mode}_sparse_real",
+                "mode": mode,
+                "backend": "sparse_quoka",
+                "additional_config": REAL_BUDGET,
+            },
         ]
-        if mode == "eager":
-            specs += [
-                {**common, "name": f"{mode}_flashinfer", "mode": mode, "backend": "FLASHINFER"},
-                {
-                    **common,
-                    "name": f"{mode}_sparse_real",
-                    "mode": mode,
-                    "backend": "sparse_quoka",
-                    "additional_config": REAL_BUDGET,
-                },
-            ]
+        specs += [
+            {
+                **common,
+                "name": f"{mode}_forced_{method}",
+                "mode": mode,
+                "backend": f"sparse_{method}",
+                "additional_config": FORCED_SPARSE,
+            }
+            for method in FORCED_METHODS
+        ]
     results = run_specs(specs, out, args.parallel, args.deadline_at)
     summary = {}
     for mode in args.modes.split(","):
-        runs = {k: results.get(f"{mode}_{k}", {}) for k in ("flash_attn", "flashinfer", "sparse_full", "sparse_real")}
+        kinds = ("flash_attn", "flashinfer", "sparse_full", "sparse_real") + tuple(f"forced_{m}" for m in FORCED_METHODS)
+        runs = {k: results.get(f"{mode}_{k}", {}) for k in kinds}
         pairs = [
             ("sparse_full", "flash_attn"),
             ("sparse_full", "flashinfer"),
             ("flashinfer", "flash_attn"),
             ("sparse_real", "flash_attn"),
         ]
+        pairs += [(f"forced_{m}", ref) for m in FORCED_METHODS for ref in ("flash_attn", "flashinfer")]
         for a, b in pairs:
             if runs[a].get("ok") and runs[b].get("ok"):
                 summary[f"{mode}: {a} vs {b}"] = {

@@ -127,6 +127,10 @@ class SparseConfig(_Strict):
     # faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json) and 0 for the others.
     chunk_query_window: int | None = Field(None, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
+    # A test and diagnostic switch: rows whose budget covers the context still run the whole sparse
+    # path (selection, tables, sparse executor; every page is then selected) instead of the dense
+    # shortcut, so that "a covering budget equals dense" tests the selection path end to end.
+    force_sparse: bool = False
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
     twilight: TwilightOptions = TwilightOptions()
@@ -172,6 +176,7 @@ class SparseConfig(_Strict):
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
             sparse_decode=self.method != "quoka" if self.sparse_decode is None else self.sparse_decode,
+            force_sparse=self.force_sparse,
         )
 
 
@@ -189,6 +194,7 @@ class LayerPolicy:
     # rows may then come back with fewer (``Selection.counts``).
     select_fraction: float | None = None
     sparse_decode: bool = True  # False: decode steps (query length 1) run dense
+    force_sparse: bool = False  # True: a covering budget selects every page instead of running dense
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_sparse.config import LayerPolicy
@@ -115,8 +116,7 @@ def plan_request(
         or (query_len == 1 and not policy.sparse_decode)
         or ctx == 0
         or ctx < policy.dense_below_tokens
-        or budget_tokens >= ctx
-        or num_select >= selectable
+        or (not policy.force_sparse and (budget_tokens >= ctx or num_select >= selectable))
     )
     if dense:
         forced = torch.arange(total_pages, dtype=torch.int64)
@@ -147,3 +147,77 @@ def plan_step(
         for i, s in enumerate(seq_lens)
     )
     return StepPlan(page_size, reqs, policy)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode requests, vectorised: the columns the device-driven decode path reads
+# ---------------------------------------------------------------------------------------------
+
+#: Columns of ``decode_columns`` (int32), one row per decode request.
+SELECT, HEAD, TAIL, TOTAL, LAST, PAST = range(6)
+NUM_COLUMNS = 6
+
+
+def decode_columns(policy: LayerPolicy, page_size: int, seq_lens: np.ndarray) -> np.ndarray:
+    """``plan_request`` for requests with one query token, vectorised over the batch.
+
+    Args:
+        seq_lens: ``int [B]`` context + 1 of each decode request; 0 marks a padding row (CUDA-graph
+            batches are padded to a captured size), which attends nothing.
+    Returns:
+        ``int32 [B, NUM_COLUMNS]``: per request ``SELECT`` pages to select (0: nothing to select),
+        the forced pages ``[0, HEAD) + [TAIL, TOTAL)`` (dense rows: ``HEAD = TAIL = 0``, i.e. every
+        page), ``TOTAL`` pages, ``LAST`` tokens in the last page and ``PAST`` complete past pages.
+        A row attends ``SELECT``-or-fewer selected pages (top-p selectors keep fewer) plus its
+        forced pages. Equal to ``plan_request(policy, page_size, i, 1, seq_len)`` row by row.
+    """
+    n = page_size
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    ctx = np.maximum(seq - 1, 0)
+    total = -(-seq // n)
+    past = ctx // n
+    want = np.maximum(np.floor(policy.budget.fraction * ctx).astype(np.int64), policy.budget.min_tokens)
+    budget = want if policy.budget.max_tokens is None else np.minimum(want, policy.budget.max_tokens)
+    head = np.minimum(-(-policy.sink_tokens // n), past)
+    local_start = np.maximum(0, (ctx - policy.local_tokens) // n) if policy.local_tokens else past
+    tail = np.maximum(local_start, head)
+    selectable = past - head - (past - tail)
+    num_select = np.minimum(selectable, np.maximum(0, -(-budget // n) - head - (past - tail)))
+    dense = (
+        np.full(seq.shape, policy.dense or not policy.sparse_decode)
+        | (ctx == 0)
+        | (ctx < policy.dense_below_tokens)
+        | (seq <= 0)
+    )
+    if not policy.force_sparse:
+        dense |= (budget >= ctx) | (num_select >= selectable)
+    if policy.select_fraction is not None:
+        cand = np.floor(policy.select_fraction * ctx).astype(np.int64)
+        if policy.budget.max_tokens is not None:
+            cand = np.minimum(cand, policy.budget.max_tokens)
+        num_select = np.minimum(selectable, np.maximum(0, -(-cand // n) - head - (past - tail)))
+    out = np.zeros((seq.shape[0], NUM_COLUMNS), dtype=np.int32)
+    sparse = ~dense
+    out[:, SELECT] = np.where(sparse, num_select, 0)
+    out[:, HEAD] = np.where(sparse, head, 0)
+    out[:, TAIL] = np.where(sparse, tail, 0)
+    out[:, TOTAL] = np.maximum(total, 0)
+    out[:, LAST] = np.where(seq > 0, seq - (total - 1) * n, 0)
+    out[:, PAST] = past
+    return out
+
+
+def select_cap(policy: LayerPolicy, page_size: int, max_model_len: int) -> int:
+    """The most pages ``decode_columns`` can ask a row to select for requests up to
+    ``max_model_len`` tokens: the width of a decode step's selection buffers."""
+    n = page_size
+    past_cap = max_model_len // n
+    b = policy.budget
+    if policy.force_sparse:
+        return past_cap
+    tokens = max_model_len if b.max_tokens is None else max(b.max_tokens, b.min_tokens)
+    if policy.select_fraction is not None:
+        tokens = int(policy.select_fraction * max_model_len)
+        if b.max_tokens is not None:
+            tokens = min(tokens, b.max_tokens)
+    return max(0, min(past_cap, -(-tokens // n)))

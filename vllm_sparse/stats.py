@@ -34,11 +34,22 @@ _lock = threading.Lock()
 _counters = PageCounters()
 
 
+def enabled() -> bool:
+    """Whether the counters are written anywhere (``$SPARSE_ATTENTION_STATS`` set)."""
+    return bool(os.environ.get(STATS_ENV))
+
+
 def record(
-    sparse_rows: int, attended_pages: int, dense_pages: int, prefill_attended: int = 0, prefill_dense: int = 0
+    sparse_rows: int,
+    attended_pages: int,
+    dense_pages: int,
+    prefill_attended: int = 0,
+    prefill_dense: int = 0,
+    steps: int = 1,
 ) -> None:
+    """Add one layer forward's counts (``steps``: that many layer forwards, summed)."""
     with _lock:
-        _counters.steps += 1
+        _counters.steps += steps
         _counters.sparse_rows += sparse_rows
         _counters.attended_pages += attended_pages
         _counters.dense_pages += dense_pages

@@ -6,11 +6,9 @@ page counts vs the reference executor; the per-layer paths run under ``set_sync_
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
-from gpu_skip import require_cuda
+from gpu_skip import no_sync, require_cuda
 
 require_cuda()
 
@@ -31,15 +29,6 @@ from vllm_sparse.tables import build_page_tables  # noqa: E402
 
 DEV = "cuda"
 HQ, HKV, D, N = 32, 8, 128, 16
-
-
-@contextmanager
-def no_sync():
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def rng(seed):

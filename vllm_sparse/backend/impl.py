@@ -13,6 +13,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from vllm_sparse import stats
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.executors import get_executor, reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
@@ -170,18 +171,63 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         if self.layer_idx is None:
             self.layer_idx = extract_layer_index(layer.layer_name)
             self.policy = self.config.for_layer(self.layer_idx)
-        n = attn_metadata.num_actual_tokens
-        query, out = query[:n], output[:n]
         views = self._views(kv_cache)
-        layout, page_keys, page_values = views.layout, views.page_keys, views.page_values
+        if query.is_cuda and not torch.cuda.is_current_stream_capturing():
+            self._warm_up_once(views, query.dtype)
+        decode = attn_metadata.decode
+        if decode is not None:
+            self._forward_decode(query, views, decode, output)
+        if attn_metadata.has_prefill:
+            n = attn_metadata.num_actual_tokens
+            self._forward_planned(query[:n], views, attn_metadata, output[:n])
+        return output
 
+    _warmed: set = set()  # (method, layout, dtype) warmed in this process
+
+    def _warm_up_once(self, views: CacheViews, dtype: torch.dtype) -> None:
+        """Compile the sparse prefill path's kernels now (vLLM's start-up warm-up step), once per
+        process and layer shape, instead of in the first long request (``vllm_sparse.warmup``)."""
+        key = (self.method, views.layout, dtype, self.num_heads)
+        if key in SparseAttentionImpl._warmed:
+            return
+        SparseAttentionImpl._warmed.add(key)
+        from vllm_sparse.warmup import warm_up_prefill
+
+        warm_up_prefill(
+            self.selector, self.execute, self.policy, views.layout, views.page_keys, views.page_values, views.meta,
+            self.num_heads, self.scale, dtype,
+        )  # fmt: skip
+
+    def _forward_decode(self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor):
+        """The decode block (requests and query rows ``[0, B)``), device-driven: the same launches
+        for any lengths (a CUDA graph per batch size replays them), no host sync, no host loop."""
+        from vllm_sparse.kernels.decode_attention import decode_attention_triton
+
+        b, layout = decode.num_reqs, views.layout
+        rows = b * layout.num_kv_heads
+        if decode.selects(self.policy):
+            pages, counts = self.selector.select_decode(query, views.page_keys, layout, views.meta, decode, self.policy)
+        else:  # dense layer, or decodes dense for this method: every row attends all its pages
+            pages = torch.zeros(rows, 1, dtype=torch.int32, device=query.device)
+            counts = torch.zeros(rows, dtype=torch.int32, device=query.device)
+        decode_attention_triton(
+            query[:b], views.page_keys, views.page_values, decode.block_table, pages, counts,
+            decode.columns[self.policy], layout.num_head_slots, self.scale, output[:b],
+        )  # fmt: skip
+
+    def _forward_planned(
+        self, query: torch.Tensor, views: CacheViews, attn_metadata: SparseAttentionMetadata, out: torch.Tensor
+    ) -> None:
+        """Requests planned on the host per step (prefill chunks; every request on CPUs)."""
+        layout, page_keys, page_values = views.layout, views.page_keys, views.page_values
+        block_table = attn_metadata.block_table
         plan = attn_metadata.plan_for(self.policy)  # 1 policy
         if plan.any_sparse:  # 2 select
-            selection = self.selector(query, page_keys, attn_metadata.block_table, layout, plan, views.meta)
+            selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
         else:
             hkv = layout.num_kv_heads
             selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))
-        tables = build_page_tables(plan, selection, attn_metadata.block_table, layout)  # 3 tables
+        tables = build_page_tables(plan, selection, block_table, layout)  # 3 tables
         self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
@@ -201,7 +247,6 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         stats.record(sparse_rows, attended, dense_pages, prefill_planned, prefill_dense)
         if self.layer_idx == self.last_layer:
             stats.flush()
-        return output
 
 
 class SparseQuokaImpl(SparseAttentionImpl):

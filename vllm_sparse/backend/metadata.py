@@ -1,27 +1,42 @@
-"""Per-step metadata and its builder: host-side lengths, the step plans, and the executor's plan.
+"""Per-step metadata and its builder: the step's decode block, its prefill plans, the executor's plan.
 
-The builder runs once per scheduler step for all layers of a KV-cache group. From lengths the
-scheduler knows on the host it computes the step plan of every layer policy in the group
-(``policy.plan_step``) and, where the layers' executor plans per step (FlashInfer on GPUs), makes
-that plan here, so a layer's forward only selects, writes its page ids and runs.
+The builder runs once per scheduler step for all layers of a KV-cache group, on the host, from
+lengths the scheduler already knows (work O(requests), nothing per layer):
+
+* decodes come first in the batch (``reorder_batch_threshold = 1``, as vLLM's FlashInfer backend
+  asks); on GPUs their block is handed to the device-driven decode path: the builder writes each
+  layer policy's decode columns into persistent device buffers (``decode_step.DecodeColumns``) and
+  the decode kernels read every length there. That path is what vLLM captures into full CUDA
+  graphs (``UNIFORM_SINGLE_TOKEN_DECODE``): one graph per batch size, replayed for any lengths;
+* the other requests (prefill chunks) get a host-planned ``StepPlan`` per layer policy
+  (``policy.plan_step``), and where the layers' executor plans per step (FlashInfer) that plan
+  is made here, so a layer's forward only selects, writes its page ids and runs.
+
+On CPUs (no graphs, native kernels per request) every request goes through the step plans.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from vllm.config import get_layers_from_vllm_config
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
 from vllm.v1.attention.backend import (
     AttentionCGSupport,
     AttentionMetadataBuilder,
     CommonAttentionMetadata,
 )
 
+from vllm_sparse import stats
+from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
-from vllm_sparse.policy import StepPlan, plan_step
+from vllm_sparse.decode_step import DecodeColumns, DecodeStep
+from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, StepPlan, plan_step
 
 
 @dataclass
@@ -30,9 +45,13 @@ class SparseAttentionMetadata:
 
     Attributes:
         num_actual_tokens: tokens in this step (``query`` may be padded past it).
-        query_start_loc: host ``[B + 1]``.
-        seq_lens: host ``[B]`` context + query tokens per request.
-        block_table: ``int32 [B, max_blocks]`` logical page -> block, on the device.
+        decode: the decode block (requests ``[0, decode.num_reqs)``, query rows alike), run by the
+            device-driven decode path; ``None`` when there is none or the platform plans every
+            request on the host.
+        query_start_loc: host ``[P + 1]`` query offsets of the other (prefill) requests, absolute
+            in ``query``.
+        seq_lens: host ``[P]`` context + query tokens of those requests.
+        block_table: ``int32 [P, max_blocks]`` their block-table rows, on the device.
         slot_mapping: ``int64 [T]`` on the device.
     """
 
@@ -42,10 +61,15 @@ class SparseAttentionMetadata:
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
     page_size: int
+    decode: DecodeStep | None = None
     _plans: dict[LayerPolicy, StepPlan] = field(default_factory=dict, repr=False)
 
+    @property
+    def has_prefill(self) -> bool:
+        return len(self.seq_lens) > 0
+
     def plan_for(self, policy: LayerPolicy) -> StepPlan:
-        """The step plan of a layer policy, computed once per step and shared by its layers."""
+        """The step plan of the prefill requests for a layer policy, computed once per step."""
         plan = self._plans.get(policy)
         if plan is None:
             plan = self._plans[policy] = plan_step(policy, self.page_size, self.query_start_loc, self.seq_lens)
@@ -66,27 +90,70 @@ class _StepWork:
     scale: float
 
 
+def device_decode_supported(vllm_config) -> bool:
+    """Whether this engine runs decodes through the device-driven path (and so full CUDA graphs):
+    a CUDA platform with Triton, and a config that does not ask for the torch reference executor."""
+    if current_platform.is_cpu() or importlib.util.find_spec("triton") is None:
+        return False
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    name = getattr(backend, "name", "") or ""
+    if not name.startswith("SPARSE_"):
+        return True
+    try:
+        return load_config(name[len("SPARSE_") :].lower(), vllm_config).config.executor != "reference"
+    except Exception:  # noqa: BLE001  (invalid configs are reported at engine start, not here)
+        return True
+
+
 class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
-    _cudagraph_support = AttentionCGSupport.NEVER  # attention runs eagerly between piecewise graphs
+    # Full CUDA graphs for batches of decodes (one query token each); mixed batches run piecewise.
+    _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        if not device_decode_supported(vllm_config):
+            return AttentionCGSupport.NEVER
+        return cls._cudagraph_support
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=False)
         self.page_size = kv_cache_spec.block_size
-        self._work = self._step_work(vllm_config, layer_names, kv_cache_spec)
+        impls = self._impls(vllm_config, layer_names)
+        self._work = self._step_work(vllm_config, impls, kv_cache_spec)
+        self._layer_policies = Counter(policy for _, _, policy in impls)  # policy -> layers
+        self._num_kv_heads = impls[0][1].num_kv_heads if impls else kv_cache_spec.num_kv_heads
+        self._decode = None
+        if device_decode_supported(vllm_config) and impls:
+            self._decode = DecodeColumns(
+                list(self._layer_policies),
+                self.page_size,
+                vllm_config.scheduler_config.max_num_seqs,
+                vllm_config.model_config.max_model_len,
+                device,
+            )
 
     @staticmethod
-    def _step_work(vllm_config, layer_names, kv_cache_spec) -> tuple[_StepWork, ...]:
-        """The distinct (policy, executor, shapes) of the group's layers whose executor plans per step."""
-        work = []
+    def _impls(vllm_config, layer_names) -> list[tuple[str, object, LayerPolicy]]:
+        """(layer name, impl, layer policy) of the group's sparse layers."""
+        out = []
         layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
-        q_dtype = vllm_config.model_config.dtype if vllm_config.model_config is not None else None
         for name, layer in layers.items():
             impl = getattr(layer, "impl", None)
-            prepare = getattr(getattr(impl, "execute", None), "prepare", None)
-            if prepare is None or not hasattr(impl, "config"):
+            if impl is not None and hasattr(impl, "config"):
+                out.append((name, impl, impl.config.for_layer(extract_layer_index(name))))
+        return out
+
+    @staticmethod
+    def _step_work(vllm_config, impls, kv_cache_spec) -> tuple[_StepWork, ...]:
+        """The distinct (policy, executor, shapes) of the group's layers whose executor plans per step."""
+        work = []
+        q_dtype = vllm_config.model_config.dtype if vllm_config.model_config is not None else None
+        for _, impl, policy in impls:
+            if getattr(impl.execute, "prepare", None) is None:
                 continue
             w = _StepWork(
-                impl.config.for_layer(extract_layer_index(name)),
+                policy,
                 impl.execute,
                 impl.num_kv_heads,
                 impl.num_heads // impl.num_kv_heads,
@@ -104,21 +171,50 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
     ) -> SparseAttentionMetadata:
         cm = common_attn_metadata
         b = cm.num_reqs
+        # exact on decode rows: speculative decoding (whose bound is optimistic) is refused at start
         seq_cpu = cm.seq_lens_cpu_upper_bound
         if seq_cpu is None:
             seq_cpu = cm.seq_lens.cpu()
+        qsl = cm.query_start_loc_cpu[: b + 1]
+        nd = 0
+        if self._decode is not None:  # the leading requests of at most one query token (0: padding)
+            q_lens = (qsl[1:] - qsl[:-1]).numpy()
+            nd = int((q_lens <= 1).cumprod().sum())
+        decode = None
+        if nd:
+            decode = self._decode.write(seq_cpu[:nd].numpy(), cm.block_table_tensor)
+            self._count_decode(decode)
         meta = SparseAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
-            query_start_loc=cm.query_start_loc_cpu[: b + 1].tolist(),
-            seq_lens=seq_cpu[:b].tolist(),
-            block_table=cm.block_table_tensor[:b],
+            query_start_loc=qsl[nd:].tolist(),
+            seq_lens=seq_cpu[nd:b].tolist(),
+            block_table=cm.block_table_tensor[nd:b],
             slot_mapping=cm.slot_mapping,
             page_size=self.page_size,
+            decode=decode,
         )
-        for w in self._work:  # plan once per step, here, for every layer of the group
-            plan = meta.plan_for(w.policy)
-            if plan.requests:
-                w.executor.prepare(
-                    plan, w.num_kv_heads, w.group, w.head_size, w.q_dtype, w.kv_dtype, w.scale, self.device
-                )
+        if meta.has_prefill:
+            for w in self._work:  # plan once per step, here, for every layer of the group
+                plan = meta.plan_for(w.policy)
+                if plan.requests:
+                    w.executor.prepare(
+                        plan, w.num_kv_heads, w.group, w.head_size, w.q_dtype, w.kv_dtype, w.scale, self.device
+                    )
         return meta
+
+    def _count_decode(self, decode: DecodeStep) -> None:
+        """Page counters of the decode rows (the decode forward may replay from a CUDA graph, where
+        no Python runs): planned counts, an upper bound for top-p selectors."""
+        if not stats.enabled():
+            return
+        hkv = self._num_kv_heads
+        for policy, layers in self._layer_policies.items():
+            c = decode.host_columns[policy]
+            attended = c[:, SELECT] + c[:, HEAD] + c[:, TOTAL] - c[:, TAIL]
+            stats.record(
+                hkv * int(((c[:, SELECT] > 0) | (c[:, TAIL] > 0)).sum()) * layers,
+                hkv * int(attended.sum()) * layers,
+                hkv * int(c[:, TOTAL].sum()) * layers,
+                steps=layers,
+            )
+        stats.flush()

@@ -44,6 +44,11 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
         cfg = load_config(method, vllm_config).config
     except SparseConfigError as e:
         return reasons + [f"config ({e.source}): {r}" for r in e.reasons]
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        reasons.append(
+            "speculative decoding is not supported: sparse decode rows are planned from exact sequence "
+            "lengths, which the host does not know while drafts await verification"
+        )
     mc = getattr(vllm_config, "model_config", None)
     if mc is not None:
         reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers())]

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width", "max_select", "stride_sel", "stride_forced"])
 def _fill_tables_kernel(
     sel_ptr,
     sel_count_ptr,
@@ -88,7 +88,7 @@ def fill_page_tables_triton(
     if rows == 0 or width == 0:
         return page_ids, counts.zero_(), kv_lens.zero_()
     assert sel_indices.stride(-1) == 1 and block_table.stride(-1) == 1 and forced_ids.stride(-1) == 1
-    block = min(1024, triton.next_power_of_2(width))
+    block = 256  # fixed: a width-dependent tile would compile a kernel per width met while serving
     _fill_tables_kernel[(rows, triton.cdiv(width, block))](
         sel_indices,
         sel_counts,

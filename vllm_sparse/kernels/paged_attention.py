@@ -23,10 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.split_merge import merge_partials
+
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_tokens", "stride_pr"])
 def _attn_kernel(
     q_ptr,
     k_ptr,
@@ -139,7 +141,7 @@ def _attn_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_kernel(
     out_ptr,
     item_row_ptr,
@@ -171,18 +173,7 @@ def _merge_kernel(
     g = m % G_PAD
     valid_m = (tok < q_len) & (g < G)
     d = tl.arange(0, BLOCK_D)
-    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(num_splits):
-        mx = tl.maximum(mx, tl.load(part_lse_ptr + (item * num_splits + s) * BLOCK_M + m))
-    mx = tl.where(mx > float("-inf"), mx, 0.0)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s in range(num_splits):
-        base = (item * num_splits + s) * BLOCK_M + m
-        w = tl.exp2(tl.load(part_lse_ptr + base) - mx)
-        den += w
-        acc += w[:, None] * tl.load(part_o_ptr + base[:, None] * BLOCK_D + d[None, :])
-    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    o = merge_partials(part_o_ptr, part_lse_ptr, item, num_splits, BLOCK_M, BLOCK_D)
     tl.store(
         out_ptr + (q_start + tok)[:, None] * stride_ot + (kv * G + g)[:, None] * stride_oh + d[None, :],
         o.to(out_ptr.dtype.element_ty),

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_bs"])
 def _quest_bounds_kernel(
     q_ptr,
     kmin_ptr,
@@ -183,3 +183,135 @@ def page_upper_bounds_rows_triton(
     if p == 0 or s == 0:
         return out.fill_(float("-inf"))
     return _launch(query, kmin, kmax, blocks.contiguous(), tokens.contiguous(), num_pages, s, 1, hkv, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode rows, every length read on the device (CUDA-graph safe)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["stride_or", "stride_og"])
+def _quest_decode_bounds_kernel(
+    q_ptr,
+    kmin_ptr,
+    kmax_ptr,
+    bt_ptr,
+    cols_ptr,
+    out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_mb,
+    stride_mh,
+    stride_or,
+    stride_og,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    REDUCE_MAX: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_SELECT: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    req = row // HKV
+    kv = row % HKV
+    cb = cols_ptr + req * NCOLS
+    k = tl.load(cb + C_SELECT)
+    lo = tl.load(cb + C_HEAD)
+    hi = tl.load(cb + C_TAIL)
+    # the row's selectable pages [lo, hi), shared out over the programs of the row
+    share = tl.cdiv(tl.cdiv(hi - lo, tl.num_programs(1)), BLOCK_P) * BLOCK_P
+    start = lo + tl.program_id(1) * share
+    end = tl.minimum(hi, start + share)
+    if k == 0:
+        end = start  # nothing to select: dense or padding row
+    g = tl.arange(0, BLOCK_G)
+    gm = g < G
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(
+        q_ptr + req.to(tl.int64) * stride_qt + (kv * G + g)[:, None] * stride_qh + d[None, :],
+        mask=gm[:, None] & dm[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    qp = tl.maximum(q, 0.0)
+    qn = tl.minimum(q, 0.0)
+    if LOW_PRECISION:
+        qp = qp.to(kmax_ptr.dtype.element_ty)
+        qn = qn.to(kmin_ptr.dtype.element_ty)
+    out_row = out_ptr + row.to(tl.int64) * stride_or
+    for p0 in range(start, end, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        pm = p < end
+        blk = tl.load(bt_ptr + req.to(tl.int64) * stride_bt + p, mask=pm, other=0).to(tl.int64)
+        moff = blk[:, None] * stride_mb + kv * stride_mh + d[None, :]
+        mm = pm[:, None] & dm[None, :]
+        kmax = tl.load(kmax_ptr + moff, mask=mm, other=0.0)
+        kmin = tl.load(kmin_ptr + moff, mask=mm, other=0.0)
+        if LOW_PRECISION:
+            u = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
+        else:
+            u = tl.dot(qp, tl.trans(kmax.to(tl.float32)), input_precision="ieee") + tl.dot(
+                qn, tl.trans(kmin.to(tl.float32)), input_precision="ieee"
+            )
+        if REDUCE_MAX:
+            best = tl.max(tl.where(gm[:, None], u, float("-inf")), axis=0)
+            tl.store(out_row + p, best, mask=pm)
+        else:
+            tl.store(out_row + g[:, None] * stride_og + p[None, :], u, mask=gm[:, None] & pm[None, :])
+
+
+def quest_decode_bounds_triton(
+    query: torch.Tensor,
+    kmin: torch.Tensor,
+    kmax: torch.Tensor,
+    block_table: torch.Tensor,
+    columns: torch.Tensor,
+    page_cap: int,
+    reduce_max: bool = True,
+) -> torch.Tensor:
+    """Quest bounds of every decode row over its selectable pages, lengths read on the device.
+
+    Args:
+        query: ``[B, Hq, D]`` one token per decode request (last dim contiguous).
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes.
+        block_table: ``int32 [B, max_blocks]``.
+        columns: ``int32 [B, NUM_COLUMNS]`` decode columns (rows with ``SELECT = 0`` are skipped).
+        page_cap: ``P`` the width of the result (at least every request's past pages).
+        reduce_max: max over the G query heads of each row (the ``max`` GQA rule) in the kernel.
+    Returns:
+        ``float32 [B * Hkv, P]`` (``reduce_max``) or ``[B * Hkv, G, P]``; only the columns
+        ``[HEAD, TAIL)`` of rows that select are written (the rest is unspecified). Row by row
+        what ``page_upper_bounds(query[b:b+1], ...)`` gives for those pages.
+    """
+    from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
+
+    b, hq, d = query.shape
+    hkv = kmin.shape[1]
+    g = hq // hkv
+    rows = b * hkv
+    shape = (rows, page_cap) if reduce_max else (rows, g, page_cap)
+    out = torch.empty(shape, dtype=torch.float32, device=query.device)
+    if rows == 0:
+        return out
+    assert query.stride(-1) == 1 and kmin.stride() == kmax.stride() and kmin.stride(-1) == 1
+    assert columns.is_contiguous() and block_table.stride(-1) == 1
+    block_p = 64
+    sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 4
+    progs = max(1, min(-(-page_cap // block_p), -(-4 * sms // rows)))
+    low = query.is_cuda and query.dtype == kmin.dtype and query.dtype in (torch.bfloat16, torch.float16)
+    _quest_decode_bounds_kernel[(rows, progs)](
+        query, kmin, kmax, block_table, columns, out,
+        query.stride(0), query.stride(1), block_table.stride(0), kmin.stride(0), kmin.stride(1),
+        out.stride(0), 0 if reduce_max else out.stride(1),
+        HKV=hkv, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_P=block_p, REDUCE_MAX=reduce_max, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL,
+        LOW_PRECISION=low, num_warps=4,
+    )  # fmt: skip
+    return out

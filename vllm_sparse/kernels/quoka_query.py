@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "stride_oh"])
 def _query_sim_kernel(
     q_ptr,
     mean_ptr,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_qh", "stride_ih", "stride_oh"])
 def _score_pages_kernel(
     q_ptr,
     keys_ptr,
@@ -83,7 +83,8 @@ def score_pages_triton(qbar: torch.Tensor, page_keys: torch.Tensor, page_ids: to
         return out
     qbar = qbar.float().contiguous()
     assert page_keys.stride(-1) == 1 and page_ids.stride(-1) == 1
-    block_q = max(16, triton.next_power_of_2(nq))
+    # two query-tile sizes only (compiled at start, vllm_sparse.warmup): up to 16, else up to the config's count
+    block_q = 16 if nq <= 16 else max(64, triton.next_power_of_2(nq))
     block_p = max(1, 128 // n)
     _score_pages_kernel[(hkv, triton.cdiv(p, block_p))](
         qbar,
@@ -105,4 +106,123 @@ def score_pages_triton(qbar: torch.Tensor, page_keys: torch.Tensor, page_ids: to
         BLOCK_P=block_p,
         num_warps=4,
     )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode rows, every length read on the device (CUDA-graph safe)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["stride_o"])
+def _quoka_decode_score_kernel(
+    q_ptr,
+    keys_ptr,
+    bt_ptr,
+    cols_ptr,
+    out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_bt,
+    stride_o,
+    head_slots,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    PAGE: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_SELECT: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+):
+    row = tl.program_id(0)
+    req = row // HKV
+    kv = row % HKV
+    cb = cols_ptr + req * NCOLS
+    k_sel = tl.load(cb + C_SELECT)
+    lo = tl.load(cb + C_HEAD)
+    hi = tl.load(cb + C_TAIL)
+    share = tl.cdiv(tl.cdiv(hi - lo, tl.num_programs(1)), BLOCK_P) * BLOCK_P
+    start = lo + tl.program_id(1) * share
+    end = tl.minimum(hi, start + share)
+    if k_sel == 0:
+        end = start
+    # the group's query: mean over its G heads of the unit queries (selectors.quoka.group_query)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(
+        q_ptr + req.to(tl.int64) * stride_qt + (kv * G + g)[:, None] * stride_qh + d[None, :],
+        mask=(g < G)[:, None] & dm[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    q = q / tl.maximum(tl.sqrt(tl.sum(q * q, axis=1)), 1e-12)[:, None]
+    qbar = tl.sum(q, axis=0) / G  # [BLOCK_D]
+    r = tl.arange(0, BLOCK_P * PAGE)
+    out_row = out_ptr + row.to(tl.int64) * stride_o
+    for p0 in range(start, end, BLOCK_P):
+        p = p0 + r // PAGE
+        pm = p < end
+        blk = tl.load(bt_ptr + req.to(tl.int64) * stride_bt + p, mask=pm, other=0).to(tl.int64)
+        page = blk * head_slots + kv
+        k = tl.load(
+            keys_ptr + page[:, None] * stride_kp + (r % PAGE)[:, None] * stride_kt + d[None, :],
+            mask=pm[:, None] & dm[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        dots = tl.sum(k * qbar[None, :], axis=1)
+        cos = dots / tl.maximum(tl.sqrt(tl.sum(k * k, axis=1)), 1e-12)
+        score = tl.max(tl.reshape(cos, (BLOCK_P, PAGE)), axis=1)
+        po = p0 + tl.arange(0, BLOCK_P)
+        tl.store(out_row + po, score, mask=po < end)
+
+
+def quoka_decode_scores_triton(
+    query: torch.Tensor,
+    page_keys: torch.Tensor,
+    block_table: torch.Tensor,
+    columns: torch.Tensor,
+    num_kv_heads: int,
+    head_slots: int,
+    page_cap: int,
+) -> torch.Tensor:
+    """QuoKA page scores of every decode row over its selectable pages, lengths read on the device.
+
+    Args:
+        query: ``[B, Hq, D]`` one token per decode request (last dim contiguous).
+        page_keys: ``[num_pages, N, D]`` keys by physical page id (strided view).
+        block_table: ``int32 [B, max_blocks]``; columns: ``int32 [B, NUM_COLUMNS]``.
+        head_slots: head slots per block (page id ``block * head_slots + head``).
+        page_cap: ``P`` the width of the result.
+    Returns:
+        ``float32 [B * Hkv, P]``: the max over the page's tokens of the cosine between the group's
+        mean unit query and the key; only ``[HEAD, TAIL)`` of rows that select are written.
+        Equals ``score_pages(group_query(query[b:b+1]), keys)`` on those pages.
+    """
+    from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
+
+    b, hq, d = query.shape
+    rows = b * num_kv_heads
+    n = page_keys.shape[1]
+    out = torch.empty(rows, page_cap, dtype=torch.float32, device=query.device)
+    if rows == 0:
+        return out
+    assert query.stride(-1) == 1 and page_keys.stride(-1) == 1 and block_table.stride(-1) == 1
+    block_p = max(1, 64 // n)
+    sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 4
+    progs = max(1, min(-(-page_cap // block_p), -(-4 * sms // rows)))
+    g = hq // num_kv_heads
+    _quoka_decode_score_kernel[(rows, progs)](
+        query, page_keys, block_table, columns, out,
+        query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1), block_table.stride(0),
+        out.stride(0), head_slots,
+        HKV=num_kv_heads, G=g, BLOCK_G=triton.next_power_of_2(g), PAGE=n, D=d,
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_P=block_p, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD,
+        C_TAIL=TAIL, num_warps=4,
+    )  # fmt: skip
     return out

@@ -89,7 +89,7 @@ def _load_queries(q_ptr, i, im, q0, kv, stride_qc, stride_qh, G: tl.constexpr, H
     return qe, qo, tl.sum(qe, axis=1) + tl.sum(qo, axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_tokens", "split_tokens", "stride_br"])
 def _lse_partial_kernel(
     q_ptr,
     codes_ptr,
@@ -146,7 +146,7 @@ def _lse_partial_kernel(
     tl.store(l_ptr + o, l_i, mask=im)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_br"])
 def _page_mass_kernel(
     q_ptr,
     codes_ptr,

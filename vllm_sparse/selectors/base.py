@@ -7,6 +7,8 @@ from typing import Protocol
 
 import torch
 
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
 
@@ -51,6 +53,29 @@ class Selector(Protocol):
         Returns:
             rows with ``counts <= num_select`` of the request (fixed-budget methods return exactly
             ``num_select``; top-p methods fewer).
+        """
+        ...
+
+    def select_decode(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        layout: PageLayout,
+        meta: PageMeta | None,
+        step: DecodeStep,
+        policy: LayerPolicy,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The selection of a step's decode block, every length read on the device: fixed launches
+        for a batch size (CUDA-graph safe), no host sync.
+
+        Args:
+            query: ``[>= B, Hq, D]``, the decode block's tokens first (one per request).
+            page_keys: ``[num_pages, N, D]`` keys by physical page id.
+            step: the step's decode block; its ``columns[policy]`` (``policy.decode_columns``) say
+                how many pages each request selects among ``[HEAD, TAIL)``.
+        Returns:
+            ``(pages int32 [B * Hkv, K_cap], counts int32 [B * Hkv])``: logical pages of each row,
+            valid below ``counts`` (``SELECT``, or fewer for top-p methods).
         """
         ...
 

@@ -31,8 +31,10 @@ from typing import Literal
 
 import torch
 
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
-from vllm_sparse.policy import StepPlan
+from vllm_sparse.policy import HEAD, TAIL, StepPlan
 from vllm_sparse.selectors.base import Selection, chunk_queries, decode_requests, empty_selection, forced_past
 
 GqaReduce = Literal["max", "sum", "union"]
@@ -131,6 +133,41 @@ def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: _DecodeBatch) -> 
     return page_upper_bounds_rows(query[batch.tokens], meta.kmin, meta.kmax, batch.blocks)
 
 
+def group_scores(scores: torch.Tensor, excluded: torch.Tensor, rule: GqaReduce, scale: float) -> torch.Tensor:
+    """Reduce per-head page scores over the GQA group to one ranking score per page.
+
+    Args:
+        scores: ``[R, G, P]`` per query head page scores.
+        excluded: pages never picked: column indices ``int64 [F]`` (every row) or a mask
+            ``bool [R, P]``; they score ``-inf`` (``union``: rank after every other page).
+        rule: ``max``, ``sum`` (of per-head softmax-normalised scores) or ``union`` (rank merge:
+            the negated first position of the page in the rank-major merge of the heads'
+            rankings, so that the top ``k`` are the union of per-head top-``k_h``).
+        scale: softmax scale of ``sum``.
+    Returns:
+        ``float32 [R, P]``, higher is better.
+    """
+    r, g, p = scores.shape
+    if excluded.dtype == torch.bool:
+        s = scores.masked_fill(excluded[:, None, :], float("-inf"))
+    else:
+        s = scores.index_fill(2, excluded, float("-inf"))  # (an index_put here would sync on CUDA)
+    if rule == "max":
+        return s.amax(dim=1)
+    if rule == "sum":
+        return torch.softmax(s * scale, dim=-1).sum(dim=1)
+    if rule == "union":
+        # Excluded pages score -inf, so they rank after every other page in each head and their
+        # first merge position comes after every other page's: padded rows pick what they would alone.
+        order = s.argsort(dim=-1, descending=True, stable=True)  # [R, G, P] pages by rank
+        merged = order.transpose(1, 2).reshape(r, p * g)  # rank-major: rank 0 of every head, ...
+        first = torch.full((r, p), p * g, dtype=torch.int64, device=s.device)
+        pos = torch.arange(p * g, device=s.device).expand(r, -1)
+        first.scatter_reduce_(1, merged, pos, "amin")  # first position of each page in the merge
+        return -first.float()
+    raise ValueError(f"unknown gqa_reduce {rule!r}")
+
+
 def reduce_and_pick(
     scores: torch.Tensor, excluded: torch.Tensor, k: int, rule: GqaReduce, scale: float
 ) -> torch.Tensor:
@@ -148,25 +185,7 @@ def reduce_and_pick(
     Returns:
         ``int64 [R, k]`` picked pages, best first, distinct.
     """
-    r, g, p = scores.shape
-    if excluded.dtype == torch.bool:
-        s = scores.masked_fill(excluded[:, None, :], float("-inf"))
-    else:
-        s = scores.index_fill(2, excluded, float("-inf"))  # (an index_put here would sync on CUDA)
-    if rule == "max":
-        return torch.topk(s.amax(dim=1), k, dim=1).indices
-    if rule == "sum":
-        return torch.topk(torch.softmax(s * scale, dim=-1).sum(dim=1), k, dim=1).indices
-    if rule == "union":
-        # Excluded pages score -inf, so they rank after every other page in each head and their
-        # first merge position comes after every other page's: padded rows pick what they would alone.
-        order = s.argsort(dim=-1, descending=True, stable=True)  # [R, G, P] pages by rank
-        merged = order.transpose(1, 2).reshape(r, p * g)  # rank-major: rank 0 of every head, ...
-        first = torch.full((r, p), p * g, dtype=torch.int64, device=s.device)
-        pos = torch.arange(p * g, device=s.device).expand(r, -1)
-        first.scatter_reduce_(1, merged, pos, "amin")  # first position of each page in the merge
-        return torch.topk(first, k, dim=1, largest=False).indices
-    raise ValueError(f"unknown gqa_reduce {rule!r}")
+    return torch.topk(group_scores(scores, excluded, rule, scale), k, dim=1).indices
 
 
 class QuestSelector:
@@ -224,6 +243,38 @@ class QuestSelector:
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
         return sel
+
+    def select_decode(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        layout: PageLayout,
+        meta: PageMeta | None,
+        step: DecodeStep,
+        policy: LayerPolicy,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See ``selectors.base.Selector.select_decode``: Quest bounds (the GQA rule over the group),
+        then the best ``SELECT`` pages of each row."""
+        from vllm_sparse.kernels.page_topk import select_top_pages_triton
+        from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
+
+        if meta is None or meta.kmin is None:
+            raise ValueError("sparse_quest needs the key min/max planes (PageMeta.kmin/kmax)")
+        hkv, b = layout.num_kv_heads, step.num_reqs
+        cols = step.columns[policy]
+        q = query[:b]
+        if self.gqa_reduce == "max":
+            scores = quest_decode_bounds_triton(q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap)
+        else:
+            bounds = quest_decode_bounds_triton(
+                q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap, reduce_max=False
+            )
+            p = torch.arange(step.page_cap, device=q.device)[None, :]
+            lo = cols[:, HEAD].repeat_interleave(hkv)[:, None]
+            hi = cols[:, TAIL].repeat_interleave(hkv)[:, None]
+            scale = self.scale or q.shape[-1] ** -0.5
+            scores = group_scores(bounds, (p < lo) | (p >= hi), self.gqa_reduce, scale)
+        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
 
 
 @dataclass(frozen=True)

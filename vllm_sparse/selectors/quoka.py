@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.selectors.base import (
@@ -163,6 +165,27 @@ class QuokaSelector:
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
         return sel
+
+    def select_decode(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        layout: PageLayout,
+        meta: PageMeta | None,
+        step: DecodeStep,
+        policy: LayerPolicy,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See ``selectors.base.Selector.select_decode``: the cosine of the group's mean unit query
+        with every key of a page (max over the page), then the best ``SELECT`` pages of each row."""
+        from vllm_sparse.kernels.page_topk import select_top_pages_triton
+        from vllm_sparse.kernels.quoka_score import quoka_decode_scores_triton
+
+        hkv, b = layout.num_kv_heads, step.num_reqs
+        cols = step.columns[policy]
+        scores = quoka_decode_scores_triton(
+            query[:b], page_keys, step.block_table, cols, hkv, layout.num_head_slots, step.page_cap
+        )
+        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.metadata.int4_shadow import dequantize_int4
-from vllm_sparse.policy import StepPlan
+from vllm_sparse.policy import HEAD, PAST, TAIL, StepPlan
 from vllm_sparse.selectors.base import Selection, Selector, chunk_queries, decode_requests, empty_selection, forced_past
 
 QUERY_BLOCK = 128  # chunk queries estimated at a time
@@ -131,10 +133,12 @@ def top_p_keep(cand_mass: torch.Tensor, forced_mass: torch.Tensor, top_p: float)
     Args:
         cand_mass: ``[Hkv, G, K]`` mass of each candidate page per query head.
         forced_mass: ``[Hkv, G]`` mass already attended through forced pages.
-        top_p: target mass.
+        top_p: target mass (``>= 1``: every candidate is kept).
     Returns:
         ``bool [Hkv, K]``: candidate kept by at least one head of the group.
     """
+    if top_p >= 1.0:  # every candidate (exactly: no rounding of the cumulative mass decides)
+        return torch.ones(cand_mass.shape[0], cand_mass.shape[2], dtype=torch.bool, device=cand_mass.device)
     mass, order = cand_mass.sort(dim=-1, descending=True)
     before = mass.cumsum(dim=-1) - mass  # mass of the heavier pages, [Hkv, G, K]
     need = top_p - forced_mass  # [Hkv, G]
@@ -220,6 +224,46 @@ class TwilightSelector:
         order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept, other candidates, padding
         sel.indices[:, :k].index_copy_(0, batch.rows, picked.gather(1, order))  # (no index_put: no sync)
         sel.counts.index_copy_(0, batch.rows, keep.sum(dim=1).to(torch.int32))
+
+    def select_decode(
+        self,
+        query: torch.Tensor,
+        page_keys: torch.Tensor,
+        layout: PageLayout,
+        meta: PageMeta | None,
+        step: DecodeStep,
+        policy: LayerPolicy,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """See ``selectors.base.Selector.select_decode``: the base selector's candidates, pruned by
+        the INT4 mass estimate to a top-p set per row (kept candidates first). Shapes are fixed by
+        the step (``B``, ``K_cap`` candidates and ``F_cap`` forced past pages per row, padded with
+        block ``-1``), so the same launches serve every replay."""
+        from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_rows_triton
+
+        if meta is None or meta.codes is None:
+            raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
+        cand, cand_counts = self.base.select_decode(query, page_keys, layout, meta, step, policy)
+        hkv, n, b = layout.num_kv_heads, layout.page_size, step.num_reqs
+        cols = step.columns[policy].long()
+        dev = cand.device
+        k = cand.shape[1]
+        req = torch.arange(b * hkv, device=dev) // hkv
+        table = step.block_table.long()
+        valid = torch.arange(k, device=dev)[None, :] < cand_counts[:, None]  # [R, K]
+        cand_blocks = table[req[:, None], cand.long().masked_fill(~valid, 0)].masked_fill_(~valid, -1)
+        # forced past pages [0, HEAD) + [TAIL, PAST) of rows that select (block -1: padding)
+        f_cap = -(-policy.sink_tokens // n) + -(-policy.local_tokens // n) + 1
+        f = torch.arange(f_cap, device=dev)[None, :]
+        head, tail, past = (cols[req, c][:, None] for c in (HEAD, TAIL, PAST))
+        page = torch.where(f < head, f, tail + f - head)
+        fvalid = (page < past) & (cand_counts[:, None] > 0)
+        forced_blocks = table[req[:, None], torch.where(fvalid, page, 0)].masked_fill_(~fvalid, -1)
+        blocks = torch.cat([cand_blocks, forced_blocks], dim=1)  # [R, K + F]
+        scale = self.scale or query.shape[-1] ** -0.5
+        mass = estimate_page_mass_rows_triton(query[:b], meta.codes, meta.scale, meta.zero, blocks, scale)
+        keep = top_p_keep(mass[..., :k], mass[..., k:].sum(dim=-1), self.top_p) & valid  # [R, K]
+        order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept candidates first
+        return cand.gather(1, order), keep.sum(dim=1).to(torch.int32)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,330 @@
+"""Serving benchmark the way vLLM users measure: ``vllm serve`` in its default mode (torch.compile,
+CUDA graphs) and ``vllm bench serve``, every backend in one session on one GPU.
+
+Model: Llama-3.1-8B shapes with random weights (``--load-format dummy``) and a synthetic
+tokenizer over its 128,256 ids (``build_model``: four letters per token, so prompts have exactly
+the asked lengths; no model hub needed). Prefix caching off,
+chunks of 8192 tokens, at most 16 running requests, each backend's shipped defaults plus the
+``--sparse-config`` given (default: a 12.5% budget).
+
+Loads (``--loads``, names from ``LOADS``): ``tpot128k`` one 130,000-token prompt, 256 new tokens;
+``decode16`` 16 concurrent 16,000-token prompts, 256 new tokens (arriving together: prefill, then
+16 decodes); ``A`` 32 requests of 16,000/256 at concurrency 16; ``B`` 8 of 64,000/128 at
+concurrency 4; ``C`` 6 of 16,000/16 one at a time. Every server log is scanned for vLLM's
+"JIT compilation during inference" warnings (kernels compiled while serving).
+
+    python benchmarks/serve_bench.py run --out DIR [--backends FLASH_ATTN,FLASHINFER,sparse_quest,...]
+    python benchmarks/serve_bench.py plot DIR/serve_bench.json     # PNG beside the JSON
+
+Writes ``DIR/serve_bench.json`` (merged with an existing one: backends of earlier calls are kept),
+every ``vllm bench serve`` result JSON and every server log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+
+from e2e_gpu import LLAMA_8B, gpu_name, versions  # noqa: E402
+
+VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+LOADS = {
+    "tpot128k": {"input": 130000, "output": 256, "prompts": 1, "concurrency": 1},
+    "decode16": {"input": 16000, "output": 256, "prompts": 16, "concurrency": 16},
+    "A": {"input": 16000, "output": 256, "prompts": 32, "concurrency": 16},
+    "B": {"input": 64000, "output": 128, "prompts": 8, "concurrency": 4},
+    "C": {"input": 16000, "output": 16, "prompts": 6, "concurrency": 1},
+}
+METRICS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+)
+DEFAULT_SPARSE = {"budget": {"fraction": 0.125}}
+
+
+ALPHABET = "abcdefghijklmnopqrst"  # 20 letters: 20**4 = 160,000 four-letter tokens >= the 128,256 ids
+
+
+SPECIAL = {128000: "BOS_", 128001: "EOS_"}  # outside the alphabet: never found inside other tokens' text
+
+
+def token_text(i: int) -> str:
+    """Token ``i`` of the synthetic tokenizer: four letters (base 20); the special ones upper case."""
+    return SPECIAL.get(i) or "".join(ALPHABET[(i // 20**k) % 20] for k in (3, 2, 1, 0))
+
+
+def build_model(path: Path) -> Path:
+    """Llama-3.1-8B config (random weights at load) and a synthetic tokenizer over its ids.
+
+    Every token is four letters and text is their concatenation (split back every four
+    characters), so decoding and re-encoding give the same ids, prompts have exactly the asked
+    lengths, and a prompt of n tokens has 4n characters: vLLM bounds a prompt's text by
+    ``max_model_len`` times the longest token's characters (a word-level tokenizer joined by
+    spaces exceeds that bound near ``max_model_len``).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(LLAMA_8B, indent=1))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 128000, "eos_token_id": 128001}))
+    if not (path / "tokenizer.json").exists():
+        vocab = {token_text(i): i for i in range(LLAMA_8B["vocab_size"])}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token=token_text(0)))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(".{4}"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.save(str(path / "tokenizer.json"))
+        (path / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": token_text(128000),
+                    "eos_token": token_text(128001),
+                    "model_max_length": 131072,
+                }
+            )
+        )
+    return path
+
+
+def server_cmd(model: Path, backend: str, port: int, sparse_cfg: dict | None) -> list[str]:
+    cmd = VLLM + [
+        "serve", str(model), "--port", str(port), "--attention-backend", backend,
+        "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "131072",
+        "--max-num-batched-tokens", "8192", "--max-num-seqs", "16", "--no-enable-prefix-caching",
+        "--gpu-memory-utilization", "0.9", "--served-model-name", "llama8b",
+    ]  # fmt: skip
+    if sparse_cfg is not None:
+        cmd += ["--additional-config", json.dumps({"sparse_attention": sparse_cfg})]
+    return cmd
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except Exception:  # noqa: BLE001
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"server not ready after {timeout} s")
+
+
+def bench(model: Path, port: int, load: str, out: Path, tag: str) -> dict:
+    spec = LOADS[load]
+    name = f"{tag}_{load}.json"
+    cmd = VLLM + [
+        "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "llama8b",
+        "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(spec["input"]),
+        "--random-output-len", str(spec["output"]), "--num-prompts", str(spec["prompts"]),
+        "--max-concurrency", str(spec["concurrency"]), "--request-rate", "inf", "--ignore-eos",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
+        "--save-result", "--result-dir", str(out), "--result-filename", name,
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    (out / f"bench_{tag}_{load}.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
+    res = {"load": load, **spec, "wall_s": round(time.monotonic() - t0, 1), "command": shlex.join(cmd)}
+    path = out / name
+    if proc.returncode != 0 or not path.exists():
+        res["error"] = f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
+        return res
+    data = json.loads(path.read_text())
+    res.update({k: data.get(k) for k in METRICS})
+    return res
+
+
+def run_backend(
+    label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float
+) -> dict:
+    backend, *variants = label.split("+")
+    cfg = None
+    if backend.lower().startswith("sparse_"):
+        cfg = json.loads(json.dumps(sparse_cfg))
+        for v in variants:
+            if v == "sparse_decode":
+                cfg["sparse_decode"] = True
+            else:
+                raise SystemExit(f"unknown variant {v!r}")
+    tag = label.lower().replace("+", "_")
+    log_path = out / f"server_{tag}.log"
+    cmd = server_cmd(model, backend, port, cfg)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+    res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "loads": {}}
+    try:
+        res["engine_start_s"] = round(wait_ready(port, proc, 900), 1)
+        for load in loads:
+            if time.monotonic() > deadline:
+                res.setdefault("skipped_loads", []).append(load)
+                continue
+            res["loads"][load] = bench(model, port, load, out, tag)
+            print(f"[{label}] {load}: {json.dumps({k: res['loads'][load].get(k) for k in METRICS[:9]})}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=30)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        time.sleep(3)
+    text = log_path.read_text(errors="replace")
+    res["jit_during_inference"] = sorted(set(re.findall(r"JIT compilation during inference: (\w+)", text)))
+    res["cudagraph_notes"] = sorted(set(re.findall(r"[^\n]*cudagraph_mode[^\n]*", text)))[:5]
+    return res
+
+
+def collect(out: Path) -> dict:
+    """Rebuild ``serve_bench.json`` from a results folder's raw files (every ``vllm bench serve``
+    result JSON and server log), keeping what an earlier ``serve_bench.json`` there says of each
+    run; for runs whose entry was lost (a run stopped before writing it)."""
+    path = out / "serve_bench.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    for log in sorted(out.glob("server_*.log")):
+        tag = log.stem[len("server_") :]
+        label = tag if tag.startswith("sparse_") else tag.upper()
+        run = doc["runs"].setdefault(label, {"backend": label.split("+")[0], "label": label, "loads": {}})
+        for load, spec in LOADS.items():
+            raw = out / f"{tag}_{load}.json"
+            if load in run["loads"] or not raw.exists():
+                continue
+            data = json.loads(raw.read_text())
+            run["loads"][load] = {"load": load, **spec, **{k: data.get(k) for k in METRICS}}
+            if not data.get("completed"):
+                run["loads"][load]["error"] = "every request failed (see the bench log)"
+        text = log.read_text(errors="replace")
+        run["jit_during_inference"] = sorted(set(re.findall(r"JIT compilation during inference: (\w+)", text)))
+    doc["summary"] = summarise(doc["runs"])
+    path.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def summarise(results: dict) -> dict:
+    """Per load, every backend's key metrics against FLASH_ATTN's (ratios > 1: better for throughput)."""
+    table = {}
+    base = results.get("FLASH_ATTN", {}).get("loads", {})
+    for label, r in results.items():
+        for load, m in r.get("loads", {}).items():
+            if "error" in m or not m.get("completed"):
+                continue
+            row = table.setdefault(load, {})
+            b = base.get(load, {})
+            b = b if b.get("completed") else {}
+            entry = {k: m.get(k) for k in ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms")}
+            if b and "error" not in b and b.get("output_throughput") and b.get("mean_ttft_ms") and b.get("mean_tpot_ms"):
+                entry["throughput_vs_flash_attn"] = round(m["output_throughput"] / b["output_throughput"], 3)
+                entry["ttft_vs_flash_attn"] = round(m["mean_ttft_ms"] / b["mean_ttft_ms"], 3)
+                entry["tpot_vs_flash_attn"] = round(m["mean_tpot_ms"] / b["mean_tpot_ms"], 3)
+            row[label] = entry
+    return table
+
+
+def plot(path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(path.read_text())
+    table = data["summary"]
+    loads = [ld for ld in LOADS if ld in table]
+    metrics = [("throughput_vs_flash_attn", "output throughput / FLASH_ATTN (higher is better)"),
+               ("ttft_vs_flash_attn", "mean TTFT / FLASH_ATTN (lower is better)"),
+               ("tpot_vs_flash_attn", "mean TPOT / FLASH_ATTN (lower is better)")]  # fmt: skip
+    labels = sorted({lb for ld in loads for lb in table[ld]}, key=lambda s: (s != "FLASH_ATTN", s))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    width = 0.8 / max(len(labels), 1)
+    for ax, (key, title) in zip(axes, metrics):
+        for i, lb in enumerate(labels):
+            vals = [table[ld].get(lb, {}).get(key, float("nan")) for ld in loads]
+            ax.bar([x + i * width for x in range(len(loads))], vals, width, label=lb)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(loads))], loads)
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"vllm serve + vllm bench serve, {data.get('gpu', '')}, Llama-3.1-8B shapes (random weights)",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    return png
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--workdir", default="/tmp/serve_bench")
+    r.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quest,sparse_twilight,sparse_quoka")
+    r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
+    r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
+    r.add_argument("--port", type=int, default=8123)
+    r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
+    p = sub.add_parser("plot")
+    p.add_argument("json")
+    c = sub.add_parser("collect")
+    c.add_argument("dir")
+    args = ap.parse_args()
+    if args.cmd == "plot":
+        print(plot(Path(args.json)))
+        return
+    if args.cmd == "collect":
+        print(json.dumps(collect(Path(args.dir))["summary"], indent=1))
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(Path(args.workdir) / "llama8b_dummy")
+    path = out / "serve_bench.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    loads = args.loads.split(",")
+    t_start = time.monotonic()
+    doc.setdefault("commands", []).append("python " + shlex.join(sys.argv))
+    doc.update(gpu=gpu_name(), versions=versions(), loads=LOADS)
+    for label in args.backends.split(","):
+        t0 = time.monotonic()
+        doc["runs"][label] = run_backend(
+            label, model, out, loads, json.loads(args.sparse_config), args.port, t_start + args.deadline
+        )
+        doc["runs"][label]["wall_s"] = round(time.monotonic() - t0, 1)
+        path.write_text(json.dumps(doc, indent=1))
+        doc["summary"] = summarise(doc["runs"])
+        path.write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

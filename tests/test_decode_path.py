@@ -1,0 +1,238 @@
+"""The device-driven decode path (CUDA-graph safe): its Triton kernels against their torch twins and
+against the host-planned per-request pipeline, at small shapes.
+
+Without CUDA the kernels run through Triton's interpreter (``TRITON_INTERPRET=1``); with CUDA
+compiled. Every length the kernels use comes from the decode columns on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from triton_interpret import DEVICE, in_process, rerun_in_fresh_process
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+from helpers import brute_attention, gen, make_paged_batch, randn, single_thread  # noqa: F401  (autouse fixture)
+
+from vllm_sparse.config import SparseConfig
+from vllm_sparse.decode_step import DecodeColumns
+from vllm_sparse.kernels.decode_attention import decode_attention_reference, decode_attention_triton
+from vllm_sparse.kernels.page_topk import select_top_pages_reference, select_top_pages_triton
+from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
+from vllm_sparse.kernels.quoka_score import quoka_decode_scores_triton
+from vllm_sparse.layout import MetaPlanes, PageLayout
+from vllm_sparse.metadata.int4_shadow import write_int4_shadow
+from vllm_sparse.metadata.page_minmax import write_page_minmax
+from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL, plan_step
+from vllm_sparse.selectors import make_selector
+from vllm_sparse.selectors.quest import page_upper_bounds
+from vllm_sparse.selectors.quoka import group_query, score_pages
+
+test_in_fresh_process = rerun_in_fresh_process(__file__)
+
+N, D, HKV, G = 4, 32, 2, 3
+BUDGET = {"fraction": 0.25, "min_tokens": 8, "max_tokens": None}
+
+
+def _columns(rows: list[tuple[int, int, int]], pages: int) -> torch.Tensor:
+    """Decode columns with given (select, head, tail) and PAST = pages."""
+    cols = torch.zeros(len(rows), NUM_COLUMNS, dtype=torch.int32)
+    for i, (k, lo, hi) in enumerate(rows):
+        cols[i, SELECT], cols[i, HEAD], cols[i, TAIL] = k, lo, hi
+    cols[:, 5] = pages
+    return cols
+
+
+@in_process
+@pytest.mark.parametrize("pages", [7, 40, 2500])
+def test_select_top_pages_matches_topk(pages):
+    g = gen(pages)
+    rows_spec = [(3, 1, pages - 2), (0, 0, 0), (min(5, pages - 4), 2, pages - 1), (pages - 3, 1, pages - 2)]
+    cols = _columns(rows_spec, pages)
+    scores = randn(len(rows_spec) * HKV, pages + 3, g=g) * 4 - 1  # negative and positive scores
+    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages)
+    want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
+    assert torch.equal(counts.cpu(), want_counts)
+    for r in range(scores.shape[0]):
+        k = int(want_counts[r])
+        assert sorted(got[r, :k].cpu().tolist()) == want[r, :k].tolist(), r
+
+
+@in_process
+def test_select_top_pages_ties_keep_the_count():
+    """Tied scores at the k-th place: exactly k distinct pages, all at least the k-th score."""
+    pages = 50
+    scores = torch.zeros(HKV, pages)
+    scores[:, 10:20] = 2.0  # 10 pages above
+    scores[:, 30:45] = 1.0  # 15 tied at the threshold
+    cols = _columns([(17, 1, 48)], pages)
+    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, 32)
+    for r in range(HKV):
+        picked = got[r, :17].cpu().tolist()
+        assert int(counts[r]) == 17 and len(set(picked)) == 17
+        assert set(range(10, 20)) <= set(picked) and all(30 <= p < 45 for p in picked if not 10 <= p < 20)
+
+
+def _cache(seq_lens, order="interleaved", dtype=torch.float32, seed=0, meta_slots=0):
+    return make_paged_batch(seq_lens, HKV, N, D, order=order, meta_slots=meta_slots, dtype=dtype, seed=seed)
+
+
+@in_process
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_matches_reference_and_brute_force(splits, dtype):
+    seq_lens = [37, 9, 64, 1, 0]  # a padding row (0) attends nothing
+    g = gen(7)
+    batch = _cache([max(s, 1) for s in seq_lens], dtype=dtype, seed=3)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    policy = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=4,
+                          budget={"fraction": 0.5, "min_tokens": 4, "max_tokens": None}).for_layer(1)  # fmt: skip
+    cols = torch.from_numpy(DecodeColumns([policy], N, 8, 64, "cpu").write(np.array(seq_lens), batch.block_table)
+                            .host_columns[policy])  # fmt: skip
+    # a random selection among each row's selectable pages
+    rows = len(seq_lens) * HKV
+    pages = torch.zeros(rows, 8, dtype=torch.int32)
+    counts = torch.zeros(rows, dtype=torch.int32)
+    for r in range(rows):
+        k, lo, hi = (int(cols[r // HKV, c]) for c in (SELECT, HEAD, TAIL))
+        perm = torch.randperm(hi - lo, generator=g)[:k] + lo
+        pages[r, :k] = perm.int()
+        counts[r] = k
+    query = randn(len(seq_lens), HKV * G, D, g=g, dtype=dtype)
+    args = (layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), batch.block_table, pages, counts)
+    want = decode_attention_reference(query, *args, cols, layout.num_head_slots, D**-0.5)
+    out = torch.full_like(query, float("nan"), device=DEVICE)
+    dev = [a.to(DEVICE) for a in args]
+    decode_attention_triton(query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(out.cpu().float(), want, rtol=tol, atol=tol)
+    # against true positions: each row sees its selected and forced pages, every token of them
+    for b, s in enumerate(seq_lens):
+        if s == 0:
+            assert torch.equal(out[b].cpu().float(), torch.zeros(HKV * G, D))
+            continue
+        lo, hi, total = int(cols[b, HEAD]), int(cols[b, TAIL]), int(cols[b, 3])
+        visible = [
+            set(pages[b * HKV + h, : int(counts[b * HKV + h])].tolist()) | set(range(lo)) | set(range(hi, total))
+            for h in range(HKV)
+        ]
+        ref = brute_attention(query[b : b + 1], batch.keys[b], batch.values[b], s - 1, D**-0.5, visible, N)
+        torch.testing.assert_close(out[b : b + 1].cpu().double(), ref, rtol=3 * tol, atol=3 * tol)
+
+
+def _selectable_rows(seq_lens, policy):
+    cols = DecodeColumns([policy], N, 16, 512, "cpu").write(np.array(seq_lens), torch.zeros(1, 1))
+    return torch.from_numpy(cols.host_columns[policy])
+
+
+@in_process
+@pytest.mark.parametrize("reduce_max", [True, False])
+def test_quest_decode_bounds_match_reference(reduce_max):
+    seq_lens = [200, 3, 90]
+    policy = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET).for_layer(1)
+    cols = _selectable_rows(seq_lens, policy)
+    batch = _cache(seq_lens, meta_slots=1, seed=5)
+    g = gen(11)
+    nb = batch.kv_cache.shape[0]
+    a, b = randn(nb, HKV, D, g=g), randn(nb, HKV, D, g=g)
+    kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
+    query = randn(len(seq_lens), HKV * G, D, g=g)
+    cap = 64
+    got = quest_decode_bounds_triton(
+        query.to(DEVICE), kmin.to(DEVICE), kmax.to(DEVICE), batch.block_table.to(DEVICE), cols.to(DEVICE), cap,
+        reduce_max=reduce_max,
+    ).cpu()  # fmt: skip
+    for r in range(len(seq_lens)):
+        k, lo, hi = (int(cols[r, c]) for c in (SELECT, HEAD, TAIL))
+        if not k:
+            continue
+        blocks = batch.block_table[r, lo:hi].long()
+        want = page_upper_bounds(query[r : r + 1], kmin[blocks].transpose(0, 1), kmax[blocks].transpose(0, 1))
+        rows = got[r * HKV : (r + 1) * HKV, ..., lo:hi]
+        torch.testing.assert_close(rows, want.amax(dim=1) if reduce_max else want, rtol=1e-4, atol=1e-4)
+
+
+@in_process
+def test_quoka_decode_scores_match_reference():
+    seq_lens = [150, 70]
+    policy = SparseConfig(method="quoka", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET,
+                          sparse_decode=True).for_layer(1)  # fmt: skip
+    cols = _selectable_rows(seq_lens, policy)
+    batch = _cache(seq_lens, seed=9)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    query = randn(len(seq_lens), HKV * G, D, g=gen(2))
+    page_keys = layout.page_keys(batch.kv_cache)
+    got = quoka_decode_scores_triton(
+        query.to(DEVICE), page_keys.to(DEVICE), batch.block_table.to(DEVICE), cols.to(DEVICE), HKV,
+        layout.num_head_slots, 64,
+    ).cpu()  # fmt: skip
+    for r in range(len(seq_lens)):
+        k, lo, hi = (int(cols[r, c]) for c in (SELECT, HEAD, TAIL))
+        assert k > 0
+        ids = layout.page_ids(batch.block_table[r, lo:hi].long()[None, :], torch.arange(HKV)[:, None])
+        want = score_pages(group_query(query[r : r + 1], HKV), page_keys[ids])
+        torch.testing.assert_close(got[r * HKV : (r + 1) * HKV, lo:hi], want, rtol=1e-4, atol=1e-4)
+
+
+def _write_meta(batch, method):
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    planes = MetaPlanes.for_method(method, HKV, N, D, batch.kv_cache.dtype)
+    meta = None if planes is None else planes.views(batch.kv_cache)
+    if meta is not None:
+        for r, s in enumerate(batch.seq_lens):
+            pos = torch.arange(s)
+            slots = batch.block_table[r, pos // N].long() * N + pos % N
+            write_page_minmax(layout, batch.kv_cache, meta, slots)
+            if meta.codes is not None:
+                write_int4_shadow(meta, batch.keys[r], slots, N, batch.kv_cache.dtype)
+    return layout, meta
+
+
+@in_process
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("quoka", {"sparse_decode": True}),
+        ("quest", {}),
+        ("quest", {"quest": {"gqa_reduce": "sum"}}),
+        ("quest", {"quest": {"gqa_reduce": "union"}}),
+        ("twilight", {"twilight": {"top_p": 1.0}}),
+        ("twilight", {"twilight": {"top_p": 0.8}}),
+    ],
+)
+def test_select_decode_matches_per_request_selection(method, extra):
+    """The device path picks the pages the host-planned per-request selector picks."""
+    seq_lens = [230, 60, 5, 181]
+    cfg = SparseConfig(method=method, dense_below_tokens=16, sink_tokens=4, local_tokens=12,
+                       budget=BUDGET, **extra)  # fmt: skip
+    policy = cfg.for_layer(1)
+    meta_slots = 0 if method == "quoka" else MetaPlanes.for_method(method, HKV, N, D, torch.float32).num_slots
+    batch = _cache(seq_lens, meta_slots=meta_slots, seed=13)
+    layout, meta = _write_meta(batch, method)
+    query = randn(len(seq_lens), HKV * G, D, g=gen(4)) * 2
+    selector = make_selector(cfg, D**-0.5)
+    for sub in (selector, getattr(selector, "base", None)):
+        if sub is not None:
+            sub.batch_decode = False  # the per-request reference path
+    plan = plan_step(policy, N, list(range(len(seq_lens) + 1)), seq_lens)
+    want = selector(query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta)
+
+    step = DecodeColumns([policy], N, 8, 512, "cpu").write(np.array(seq_lens), batch.block_table)
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    step = type(step)(**{**step.__dict__, "block_table": dev(step.block_table),
+                         "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+    meta_dev = None if meta is None else type(meta)(*(dev(t) for t in meta))
+    pages, counts = selector.select_decode(
+        query.to(DEVICE), layout.page_keys(batch.kv_cache.to(DEVICE)), layout, meta_dev, step, policy
+    )
+    pages, counts = pages.cpu(), counts.cpu()
+    assert torch.equal(counts, want.counts) or method == "twilight"
+    for r in range(len(seq_lens) * HKV):
+        got_set = set(pages[r, : int(counts[r])].tolist())
+        want_set = set(want.indices[r, : int(want.counts[r])].tolist())
+        if method == "twilight" and cfg.twilight.top_p < 1:  # float sums may move the top-p boundary
+            assert len(got_set ^ want_set) <= 1, (r, got_set, want_set)
+        else:
+            assert got_set == want_set, (r, got_set, want_set)

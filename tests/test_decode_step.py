@@ -1,0 +1,65 @@
+"""Decode columns (policy.decode_columns) and their persistent buffers (decode_step.DecodeColumns):
+the vectorised decode plan equals ``plan_request`` row by row, and the buffers keep their address
+and zero the rows past the batch (CUDA-graph padding)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_sparse.config import SparseConfig
+from vllm_sparse.decode_step import DecodeColumns
+from vllm_sparse.policy import HEAD, LAST, PAST, SELECT, TAIL, TOTAL, decode_columns, plan_request, select_cap
+
+
+@pytest.mark.parametrize("method", ["quoka", "quest", "twilight"])
+@pytest.mark.parametrize("force_sparse", [False, True])
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_decode_columns_equal_plan_request(method, force_sparse, page_size):
+    rng = random.Random(hash((method, force_sparse, page_size)) % 1000)
+    for trial in range(6):
+        cfg = SparseConfig(
+            method=method,
+            force_sparse=force_sparse,
+            sparse_decode=trial % 3 != 0,
+            sink_tokens=rng.choice([0, 16, 40]),
+            local_tokens=rng.choice([0, 64, 512]),
+            dense_below_tokens=rng.choice([0, 300, 4096]),
+            budget={"fraction": rng.choice([0.05, 0.125, 0.5]), "min_tokens": rng.choice([0, 1024]),
+                    "max_tokens": rng.choice([None, 16384])},  # fmt: skip
+        )
+        policy = cfg.for_layer(1 + trial % 2)
+        seqs = np.array([0, 1, 2, 17, 33, 100, 1000, 4097, 20000, 131072] + [rng.randint(1, 131072) for _ in range(40)])
+        cols = decode_columns(policy, page_size, seqs)
+        cap = select_cap(policy, page_size, 131072)
+        for s, c in zip(seqs.tolist(), cols):
+            if s == 0:
+                assert not c.any()
+                continue
+            r = plan_request(policy, page_size, 0, 1, s)
+            head, tail = (r.forced_head, r.forced_tail) if r.sparse else (0, 0)
+            want = (r.num_select if r.sparse else 0, head, tail, r.total_pages, s - (r.total_pages - 1) * page_size,
+                    r.num_past_pages)  # fmt: skip
+            assert tuple(int(c[i]) for i in (SELECT, HEAD, TAIL, TOTAL, LAST, PAST)) == want, (s, policy)
+            assert c[SELECT] <= cap
+            # the attended pages: selected + [0, HEAD) + [TAIL, TOTAL) = the plan's pages
+            assert c[SELECT] + c[HEAD] + c[TOTAL] - c[TAIL] == (r.num_pages if r.sparse else r.total_pages)
+
+
+def test_buffers_keep_their_address_and_zero_padding_rows():
+    policies = [SparseConfig(method="quest").for_layer(i) for i in (0, 1)]  # layer 0 dense, layer 1 sparse
+    buf = DecodeColumns(policies, 16, 8, 65536, "cpu")
+    table = torch.zeros(8, 4096, dtype=torch.int32)
+    first = buf.write(np.array([60000, 5000, 9000]), table)
+    addr = {p: first.columns[p].data_ptr() for p in buf.policies}
+    assert first.columns[policies[1]][0, SELECT] > 0 and first.columns[policies[0]][0, SELECT] == 0
+    second = buf.write(np.array([40000, 0]), table)
+    assert {p: second.columns[p].data_ptr() for p in buf.policies} == addr
+    full = buf._device  # rows past the batch: zero (a graph captured for more rows attends nothing there)
+    assert not full[:, 2:].any() and not full[:, 1].any()
+    assert second.block_table.shape[0] == 2 and second.selects(policies[1]) and not second.selects(policies[0])
+    with pytest.raises(ValueError, match="exceed"):
+        buf.write(np.ones(9, dtype=np.int64), table)

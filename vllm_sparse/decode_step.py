@@ -1,0 +1,106 @@
+"""The decode block of a scheduler step, as the device-driven decode path reads it.
+
+Decodes come first in a batch (the builder asks vLLM to reorder them there), so a step's requests
+with one query token are one contiguous block: query rows ``[0, B)``, block-table rows ``[0, B)``.
+Everything the decode kernels read lives in device buffers whose addresses and shapes depend only
+on ``B`` (and on caps fixed at engine start): the host writes their contents once per step, before
+any kernel runs, and the kernels read every length on the device. So the decode path captures
+into a CUDA graph once per batch size and replays for any lengths, and in eager mode it costs a
+fixed handful of launches per layer, whatever the batch holds.
+
+Per layer policy (``LayerPolicy``) the step carries ``int32 [B, NUM_COLUMNS]`` columns
+(``policy.decode_columns``: pages to select, forced ranges, lengths); rows ``b * Hkv + h`` of the
+kernels are (request, KV head) pairs. Padding rows of a CUDA-graph batch have ``seq_len = 0`` and
+attend nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.policy import NUM_COLUMNS, decode_columns, select_cap
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """The decode block of one step (one query token per request).
+
+    Attributes:
+        num_reqs: ``B`` decode requests (CUDA-graph padding rows included).
+        page_size: ``N`` tokens per page.
+        block_table: ``int32 [B, max_blocks]`` the decode requests' block-table rows (device).
+        columns: per layer policy, ``int32 [B, NUM_COLUMNS]`` on the device (a view of a
+            persistent buffer: the same address for the same ``B`` every step).
+        host_columns: the same on the host (counters; never read by kernels).
+        page_cap: ``P_cap`` past pages a request can have (from ``max_model_len``).
+        select_caps: per layer policy, ``K_cap`` pages a row can be asked to select.
+    """
+
+    num_reqs: int
+    page_size: int
+    block_table: torch.Tensor
+    columns: dict[LayerPolicy, torch.Tensor]
+    host_columns: dict[LayerPolicy, np.ndarray]
+    page_cap: int
+    select_caps: dict[LayerPolicy, int]
+
+    def selects(self, policy: LayerPolicy) -> bool:
+        """Whether rows of ``policy`` may select pages at all (a static property of the policy,
+        never of the step's data, so that the launches of a captured graph fit every replay)."""
+        return not policy.dense and policy.sparse_decode and self.select_caps[policy] > 0
+
+
+class DecodeColumns:
+    """Persistent device buffers of the decode columns of every layer policy of a KV-cache group.
+
+    Allocated once (``max_reqs`` rows per policy), rewritten in place every step from the host:
+    a CUDA graph captured for ``B`` decode rows reads ``buffer[policy][:B]`` at fixed addresses.
+    """
+
+    def __init__(
+        self, policies: list[LayerPolicy], page_size: int, max_reqs: int, max_model_len: int, device: torch.device
+    ):
+        self.policies = list(dict.fromkeys(policies))
+        self.page_size = page_size
+        self.max_reqs = max_reqs
+        self.page_cap = max_model_len // page_size + 1
+        self.select_caps = {p: select_cap(p, page_size, max_model_len) for p in self.policies}
+        self.device = torch.device(device)
+        self._device = torch.zeros(len(self.policies), max_reqs, NUM_COLUMNS, dtype=torch.int32, device=device)
+        self._index = {p: i for i, p in enumerate(self.policies)}
+
+    def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
+        """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
+        (pinned staging, one asynchronous copy; rows past ``B`` are zeroed: padding).
+
+        Args:
+            seq_lens: ``int [B]`` context + 1 per decode request (0: padding row).
+            block_table: ``int32 [>= B, max_blocks]`` the step's block table (device).
+        """
+        b = len(seq_lens)
+        if b > self.max_reqs:
+            raise ValueError(f"{b} decode requests exceed the {self.max_reqs} the buffers were sized for")
+        host = np.zeros((len(self.policies), self.max_reqs, NUM_COLUMNS), dtype=np.int32)
+        host_cols = {}
+        for p, i in self._index.items():
+            cols = decode_columns(p, self.page_size, seq_lens)
+            cap = self.select_caps[p]
+            if cols.shape[0] and int(cols[:, 0].max()) > cap:
+                raise AssertionError(f"a decode row selects {int(cols[:, 0].max())} pages, above the cap {cap}")
+            host[i, :b] = cols
+            host_cols[p] = cols
+        staged = torch.from_numpy(host).pin_memory() if self.device.type == "cuda" else torch.from_numpy(host)
+        self._device.copy_(staged, non_blocking=True)
+        return DecodeStep(
+            num_reqs=b,
+            page_size=self.page_size,
+            block_table=block_table[:b],
+            columns={p: self._device[i, :b] for p, i in self._index.items()},
+            host_columns=host_cols,
+            page_cap=self.page_cap,
+            select_caps=self.select_caps,
+        )

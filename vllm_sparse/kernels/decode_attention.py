@@ -1,0 +1,253 @@
+"""Triton decode attention over compacted (request, KV head) rows, every length read on the device;
+twin: ``decode_attention_reference``.
+
+Row ``r = request * Hkv + head`` attends its selected pages (``pages[r, :counts[r]]``, logical
+page numbers) and then its forced pages ``[0, HEAD) + [TAIL, TOTAL)`` (``policy.decode_columns``;
+a dense row has ``HEAD = TAIL = 0`` and attends every page), each page's block read through the
+request's block-table row and its K/V read in place (physical page ``block * head_slots + head``).
+No page table is materialised: compacted token ``t`` of a row lies on compacted page ``t // N``,
+whose logical page follows from the counts above. The query (one token, the G heads of the
+group) sees every compacted token, the last page holding ``LAST`` tokens.
+
+The grid is ``(B * Hkv, splits)``, fixed for a batch size (``splits`` is a run-time argument, so
+the batch sizes of eager mixed steps compile nothing new): each program takes an equal share of
+its row's tokens (computed on the device), writes a normalised partial output and its
+log-sum-exp, and a second kernel merges the splits. Rows with nothing to attend (CUDA-graph
+padding) write zeros. So the kernel captures into a CUDA graph once per batch size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm_sparse.kernels.split_merge import merge_partials
+from vllm_sparse.policy import HEAD, LAST, NUM_COLUMNS, TAIL, TOTAL
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 64
+MAX_SPLITS = 32
+
+
+@triton.jit(do_not_specialize=["stride_sel", "scale_log2", "stride_bt", "splits"])
+def _decode_attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    sel_ptr,
+    count_ptr,
+    cols_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_vp,
+    stride_vt,
+    stride_bt,
+    stride_sel,
+    head_slots,
+    splits,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    PAGE: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+    C_TOTAL: tl.constexpr,
+    C_LAST: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    req = row // HKV
+    kv = row % HKV
+    cb = cols_ptr + req * NCOLS
+    head = tl.load(cb + C_HEAD)
+    tail = tl.load(cb + C_TAIL)
+    total = tl.load(cb + C_TOTAL)
+    last = tl.load(cb + C_LAST)
+    k_sel = tl.load(count_ptr + row)
+    n_pages = k_sel + head + total - tail
+    kv_len = tl.where(total > 0, (n_pages - 1) * PAGE + last, 0)
+    share = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
+    lo = split * share
+    hi = tl.minimum(kv_len, lo + share)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(
+        q_ptr + req.to(tl.int64) * stride_qt + (kv * G + g)[:, None] * stride_qh + d[None, :],
+        mask=(g < G)[:, None] & dm[None, :],
+        other=0.0,
+    )
+    if LOW_PRECISION:
+        q = q.to(k_ptr.dtype.element_ty)
+    else:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    sel_row = sel_ptr + row.to(tl.int64) * stride_sel
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        t = start + tl.arange(0, BLOCK_N)
+        tm = t < hi
+        j = t // PAGE
+        is_sel = j < k_sel
+        jf = j - k_sel
+        forced = tl.where(jf < head, jf, tail + jf - head)
+        picked = tl.load(sel_row + j, mask=tm & is_sel, other=0)
+        logical = tl.where(is_sel, picked, forced)
+        blk = tl.load(bt_row + logical, mask=tm, other=0).to(tl.int64)
+        page = blk * head_slots + kv
+        off = t % PAGE
+        kvm = tm[:, None] & dm[None, :]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt + d[None, :], mask=kvm, other=0.0)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt + d[None, :], mask=kvm, other=0.0)
+        if not LOW_PRECISION:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(tm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    base = (row * splits + split) * BLOCK_G + g
+    tl.store(part_lse_ptr + base, tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf")))
+    tl.store(part_o_ptr + base[:, None] * BLOCK_D + d[None, :], acc / safe_l[:, None])
+
+
+@triton.jit(do_not_specialize=["splits"])
+def _decode_merge_kernel(
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    stride_ot,
+    stride_oh,
+    splits,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    req = row // HKV
+    kv = row % HKV
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    o = merge_partials(part_o_ptr, part_lse_ptr, row, splits, BLOCK_G, BLOCK_D)
+    tl.store(
+        out_ptr + req.to(tl.int64) * stride_ot + (kv * G + g)[:, None] * stride_oh + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=(g < G)[:, None] & (d < D)[None, :],
+    )
+
+
+def num_splits(rows: int, device: torch.device) -> int:
+    """Splits per row so that about two programs per SM run (fixed per batch size)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(MAX_SPLITS, -(-2 * sms // max(rows, 1))))
+
+
+def decode_attention_triton(
+    query: torch.Tensor,
+    page_keys: torch.Tensor,
+    page_values: torch.Tensor,
+    block_table: torch.Tensor,
+    pages: torch.Tensor,
+    counts: torch.Tensor,
+    columns: torch.Tensor,
+    head_slots: int,
+    scale: float,
+    output: torch.Tensor,
+    splits: int | None = None,
+) -> None:
+    """Attend each decode request's query to its rows' selected and forced pages.
+
+    Args:
+        query, output: ``[B, Hq, D]`` one token per decode request (last dim contiguous).
+        page_keys, page_values: ``[num_pages, N, D]`` by physical page id (strided views).
+        block_table: ``int32 [B, max_blocks]`` the requests' block-table rows.
+        pages: ``int32 [B * Hkv, K]`` selected logical pages of each row (valid below ``counts``).
+        counts: ``int32 [B * Hkv]`` selected pages per row (0: forced pages only, or dense).
+        columns: ``int32 [B, NUM_COLUMNS]`` decode columns (``policy.decode_columns``).
+        head_slots: head slots per block (page id ``block * head_slots + head``).
+        splits: programs per row (default ``num_splits``).
+    """
+    b, hq, d = query.shape
+    rows = counts.shape[0]
+    if rows == 0:
+        return
+    hkv = rows // b
+    g = hq // hkv
+    n = page_keys.shape[1]
+    assert query.stride(-1) == 1 and output.stride(-1) == 1 and pages.stride(-1) == 1
+    assert columns.is_contiguous() and columns.shape == (b, NUM_COLUMNS) and block_table.stride(-1) == 1
+    splits = splits or num_splits(rows, query.device)
+    block_g = max(16, triton.next_power_of_2(g))
+    block_d = max(16, triton.next_power_of_2(d))
+    part_lse = torch.empty(rows * splits * block_g, dtype=torch.float32, device=query.device)
+    part_o = torch.empty(rows * splits * block_g, block_d, dtype=torch.float32, device=query.device)
+    low = query.is_cuda and page_keys.dtype in (torch.bfloat16, torch.float16)
+    consts = dict(HKV=hkv, G=g, BLOCK_G=block_g, D=d, BLOCK_D=block_d)
+    _decode_attn_kernel[(rows, splits)](
+        query, page_keys, page_values, block_table, pages, counts, columns, part_o, part_lse,
+        scale * LOG2E, query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1),
+        page_values.stride(0), page_values.stride(1), block_table.stride(0), pages.stride(0), head_slots, splits,
+        PAGE=n, BLOCK_N=BLOCK_N, NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_TOTAL=TOTAL, C_LAST=LAST,
+        LOW_PRECISION=low, num_warps=4, **consts,
+    )  # fmt: skip
+    _decode_merge_kernel[(rows,)](
+        output, part_o, part_lse, output.stride(0), output.stride(1), splits, num_warps=4, **consts
+    )  # fmt: skip
+
+
+def decode_attention_reference(
+    query: torch.Tensor,
+    page_keys: torch.Tensor,
+    page_values: torch.Tensor,
+    block_table: torch.Tensor,
+    pages: torch.Tensor,
+    counts: torch.Tensor,
+    columns: torch.Tensor,
+    head_slots: int,
+    scale: float,
+) -> torch.Tensor:
+    """Torch twin of ``decode_attention_triton``: ``float32 [B, Hq, D]`` (zeros for empty rows)."""
+    b, hq, d = query.shape
+    rows = counts.shape[0]
+    hkv = rows // b
+    g = hq // hkv
+    n = page_keys.shape[1]
+    out = torch.zeros(b, hq, d, dtype=torch.float32)
+    bt, sel, cnt, cols = block_table.cpu().long(), pages.cpu().long(), counts.cpu(), columns.cpu()
+    keys, values, q = page_keys.cpu().float(), page_values.cpu().float(), query.cpu().float()
+    for r in range(rows):
+        req, kv = divmod(r, hkv)
+        head, tail, total, last = (int(cols[req, c]) for c in (HEAD, TAIL, TOTAL, LAST))
+        if total == 0:
+            continue
+        logical = torch.cat([sel[r, : int(cnt[r])], torch.arange(head), torch.arange(tail, total)])
+        ids = bt[req, logical] * head_slots + kv
+        kv_len = (logical.numel() - 1) * n + last
+        k = keys[ids].reshape(-1, d)[:kv_len]
+        v = values[ids].reshape(-1, d)[:kv_len]
+        qr = q[req, kv * g : (kv + 1) * g]  # [G, D]
+        w = torch.softmax(qr @ k.T * scale, dim=-1)
+        out[req, kv * g : (kv + 1) * g] = w @ v
+    return out

@@ -1,0 +1,73 @@
+"""Compile every kernel of the host-planned sparse path at engine start, not in the first request.
+
+vLLM's start-up warm-up runs prompts of two tokens: they take the dense shortcut, so without this
+the first long request would JIT-compile the selection, table and attention kernels of the sparse
+prefill path (seconds, and a warning of vLLM's JIT monitor). The device decode path needs nothing
+here: its kernels compile during vLLM's decode warm-up steps and CUDA-graph capture.
+
+``warm_up_prefill`` runs the selector, the page tables and the executor of one layer on synthetic
+sparse chunks over existing pages of its cache (read only; nothing is written to the cache), in
+the shapes whose kernel variants real chunks reach: many queries and a few, so that every
+block-size and split choice the launchers make is compiled. Kernel arguments that vary with the
+data are marked ``do_not_specialize``, so these shapes stand for all others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm_sparse.config import LayerPolicy
+from vllm_sparse.layout import PageLayout, PageMeta
+from vllm_sparse.policy import plan_step
+from vllm_sparse.selectors.base import empty_selection
+from vllm_sparse.tables import build_page_tables
+
+#: (chunk tokens, context tokens) of the synthetic chunks, one step each
+WARMUP_CHUNKS = ((300, 5000), (3, 5000))
+
+
+def warm_up_prefill(
+    selector,
+    execute,
+    policy: LayerPolicy,
+    layout: PageLayout,
+    page_keys: torch.Tensor,
+    page_values: torch.Tensor,
+    meta: PageMeta | None,
+    num_heads: int,
+    scale: float,
+    dtype: torch.dtype,
+) -> None:
+    """Run one layer's sparse prefill path on synthetic chunks (outputs discarded).
+
+    Args:
+        selector, execute: the layer's selector and executor.
+        policy: the layer's policy; the chunks run sparse whatever its thresholds (a dense layer's
+            policy is warmed as if it were sparse: the kernels are shared).
+        page_keys, page_values: ``[num_pages, N, D]`` views of the layer's cache (read only).
+        num_heads: ``Hq``; dtype: the query dtype.
+    """
+    n, d = layout.page_size, layout.head_size
+    device = page_keys.device
+    num_blocks = page_keys.shape[0] // layout.num_head_slots
+    warm = dataclasses.replace(policy, dense=False, dense_below_tokens=0, force_sparse=False)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for chunk, ctx in WARMUP_CHUNKS:
+        seq = ctx + chunk
+        pages = -(-seq // n)
+        block_table = (torch.arange(pages, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
+        plan = plan_step(warm, n, [0, chunk], [seq])
+        if not plan.any_sparse:
+            continue
+        query = torch.randn(chunk, num_heads, d, device=device, generator=gen).to(dtype)
+        out = torch.empty_like(query)
+        selection = selector(query, page_keys, block_table, layout, plan, meta)
+        tables = build_page_tables(plan, selection, block_table, layout)
+        execute(query, page_keys, page_values, tables, plan, scale, out)
+        # the tables of steps without a sparse row (one table shared by the layers)
+        dense_plan = plan_step(dataclasses.replace(warm, dense=True), n, [0, chunk], [seq])
+        dense_sel = empty_selection(dense_plan, layout.num_kv_heads, device)
+        execute(query, page_keys, page_values, build_page_tables(dense_plan, dense_sel, block_table, layout),
+                dense_plan, scale, out)  # fmt: skip
