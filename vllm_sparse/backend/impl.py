@@ -88,6 +88,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
         self.layer_idx: int | None = None
+        self._warm = False  # this layer's sparse prefill kernels compiled (see _warm_up_once)
         self._cached_views: CacheViews | None = None
 
     def _pick_executor(self, device_type: str):
@@ -172,8 +173,9 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             self.layer_idx = extract_layer_index(layer.layer_name)
             self.policy = self.config.for_layer(self.layer_idx)
         views = self._views(kv_cache)
-        if query.is_cuda and not torch.cuda.is_current_stream_capturing():
+        if not self._warm and query.is_cuda and not torch.cuda.is_current_stream_capturing():
             self._warm_up_once(views, query.dtype)
+            self._warm = True
         decode = attn_metadata.decode
         if decode is not None:
             self._forward_decode(query, views, decode, output)
