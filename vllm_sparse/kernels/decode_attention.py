@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.kernels.split_merge import merge_partials
 from vllm_sparse.policy import HEAD, LAST, NUM_COLUMNS, TAIL, TOTAL
 
@@ -160,8 +161,7 @@ def _decode_merge_kernel(
 
 def num_splits(rows: int, device: torch.device) -> int:
     """Splits per row so that about two programs per SM run (fixed per batch size)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(MAX_SPLITS, -(-2 * sms // max(rows, 1))))
+    return max(1, min(MAX_SPLITS, -(-2 * num_sms(device) // max(rows, 1))))
 
 
 def decode_attention_triton(

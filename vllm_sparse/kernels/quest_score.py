@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.decode_rows import programs_per_row, selectable_share
+
 
 @triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_bs"])
 def _quest_bounds_kernel(
@@ -221,16 +223,7 @@ def _quest_decode_bounds_kernel(
     row = tl.program_id(0)
     req = row // HKV
     kv = row % HKV
-    cb = cols_ptr + req * NCOLS
-    k = tl.load(cb + C_SELECT)
-    lo = tl.load(cb + C_HEAD)
-    hi = tl.load(cb + C_TAIL)
-    # the row's selectable pages [lo, hi), shared out over the programs of the row
-    share = tl.cdiv(tl.cdiv(hi - lo, tl.num_programs(1)), BLOCK_P) * BLOCK_P
-    start = lo + tl.program_id(1) * share
-    end = tl.minimum(hi, start + share)
-    if k == 0:
-        end = start  # nothing to select: dense or padding row
+    start, end = selectable_share(cols_ptr, req, NCOLS, C_SELECT, C_HEAD, C_TAIL, BLOCK_P)
     g = tl.arange(0, BLOCK_G)
     gm = g < G
     d = tl.arange(0, BLOCK_D)
@@ -303,8 +296,7 @@ def quest_decode_bounds_triton(
     assert query.stride(-1) == 1 and kmin.stride() == kmax.stride() and kmin.stride(-1) == 1
     assert columns.is_contiguous() and block_table.stride(-1) == 1
     block_p = 64
-    sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 4
-    progs = max(1, min(-(-page_cap // block_p), -(-4 * sms // rows)))
+    progs = programs_per_row(rows, page_cap, block_p, query.device)
     low = query.is_cuda and query.dtype == kmin.dtype and query.dtype in (torch.bfloat16, torch.float16)
     _quest_decode_bounds_kernel[(rows, progs)](
         query, kmin, kmax, block_table, columns, out,

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.decode_rows import programs_per_row, selectable_share
+
 
 @triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_qh", "stride_ih", "stride_oh"])
 def _score_pages_kernel(
@@ -143,15 +145,7 @@ def _quoka_decode_score_kernel(
     row = tl.program_id(0)
     req = row // HKV
     kv = row % HKV
-    cb = cols_ptr + req * NCOLS
-    k_sel = tl.load(cb + C_SELECT)
-    lo = tl.load(cb + C_HEAD)
-    hi = tl.load(cb + C_TAIL)
-    share = tl.cdiv(tl.cdiv(hi - lo, tl.num_programs(1)), BLOCK_P) * BLOCK_P
-    start = lo + tl.program_id(1) * share
-    end = tl.minimum(hi, start + share)
-    if k_sel == 0:
-        end = start
+    start, end = selectable_share(cols_ptr, req, NCOLS, C_SELECT, C_HEAD, C_TAIL, BLOCK_P)
     # the group's query: mean over its G heads of the unit queries (selectors.quoka.group_query)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -214,8 +208,7 @@ def quoka_decode_scores_triton(
         return out
     assert query.stride(-1) == 1 and page_keys.stride(-1) == 1 and block_table.stride(-1) == 1
     block_p = max(1, 64 // n)
-    sms = torch.cuda.get_device_properties(query.device).multi_processor_count if query.is_cuda else 4
-    progs = max(1, min(-(-page_cap // block_p), -(-4 * sms // rows)))
+    progs = programs_per_row(rows, page_cap, block_p, query.device)
     g = hq // num_kv_heads
     _quoka_decode_score_kernel[(rows, progs)](
         query, page_keys, block_table, columns, out,
