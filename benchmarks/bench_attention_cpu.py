@@ -8,7 +8,7 @@ shapes by default (14 query heads, 2 KV heads, d=64), bf16, 32-token pages. Dens
 runs). Sparse is selection (QuoKA scoring + top-k) + page tables + the same kernel over
 per-(request, KV head) page rows. Median of ``--reps`` after one warm-up.
 
-Selection is timed twice, on the native CPU kernels (``vllm_sparse/csrc``, the default when they
+Selection is timed twice, on the native CPU kernels (``csrc/``, the default when they
 build) and on the torch path (``cpu_native.torch_path()``): ``select_*`` is the whole selector
 (query subselection, grouping, scoring, top-k), ``score_topk_*`` the scoring + masked top-k stage
 alone (torch twin ``score_pages`` + ``torch.topk`` against ``quoka_score_topk``). Sparse totals use

@@ -1,4 +1,4 @@
-"""Quest selection per layer on the CPU: native bounds kernel (``vllm_sparse/csrc/quest_cpu.cpp``) vs torch.
+"""Quest selection per layer on the CPU: native bounds kernel (``csrc/quest_cpu.cpp``) vs torch.
 
     python benchmarks/bench_quest_cpu.py [--contexts 8192 16384 32768] [--chunks 2048 1] [--reps 7]
 

@@ -1,4 +1,4 @@
-"""Native CPU kernels (vllm_sparse/csrc/*.cpp) against their torch twins; the loader's fallback.
+"""Native CPU kernels (csrc/*.cpp) against their torch twins; the loader's fallback.
 
 Twins: ``selectors.quoka.score_pages`` (scoring) and ``torch.topk`` on masked scores (top-k);
 ``selectors.quest.page_upper_bounds`` / ``page_upper_bounds_rows`` (Quest bounds).

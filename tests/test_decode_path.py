@@ -236,3 +236,29 @@ def test_select_decode_matches_per_request_selection(method, extra):
             assert len(got_set ^ want_set) <= 1, (r, got_set, want_set)
         else:
             assert got_set == want_set, (r, got_set, want_set)
+
+
+@in_process
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
+@pytest.mark.parametrize("g", [1, 3, 4])
+def test_top_p_select_matches_sort(top_p, g):
+    from vllm_sparse.kernels.top_p import top_p_select_reference, top_p_select_triton
+
+    r, k, f = 6, 40, 5
+    cnt = torch.tensor([40, 17, 0, 1, 33, 2], dtype=torch.int32)
+    width = k + f
+    raw = torch.rand(r, g, width, generator=gen(g)) ** 4
+    col = torch.arange(width)[None, :]
+    valid = col < (cnt[:, None] + torch.where(cnt[:, None] > 0, f, 0))
+    mass = torch.where(valid[:, None, :], raw, 0.0)
+    mass = mass / mass.sum(-1, keepdim=True).clamp(min=1e-30)
+    cand = torch.randperm(1000, generator=gen(7))[: r * k].view(r, k).to(torch.int32)
+    got_pages, got_counts = top_p_select_triton(mass.to(DEVICE), cnt.to(DEVICE), cand.to(DEVICE), top_p)
+    want_pages, want_counts = top_p_select_reference(mass, cnt, cand, top_p)
+    assert torch.equal(got_counts.cpu(), want_counts)
+    for row in range(r):
+        c = int(want_counts[row])
+        assert sorted(got_pages[row, :c].tolist()) == sorted(want_pages[row, :c].tolist())
+        assert got_pages[row, :c].tolist() == [p for p in cand[row, : int(cnt[row])].tolist() if p in set(want_pages[row, :c].tolist())]
+    if top_p >= 1:
+        assert torch.equal(want_counts, cnt)

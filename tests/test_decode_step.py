@@ -19,7 +19,7 @@ from vllm_sparse.policy import HEAD, LAST, PAST, SELECT, TAIL, TOTAL, decode_col
 @pytest.mark.parametrize("force_sparse", [False, True])
 @pytest.mark.parametrize("page_size", [16, 32])
 def test_decode_columns_equal_plan_request(method, force_sparse, page_size):
-    rng = random.Random(hash((method, force_sparse, page_size)) % 1000)
+    rng = random.Random(repr((method, force_sparse, page_size)))  # str seeds are hashed stably
     for trial in range(6):
         cfg = SparseConfig(
             method=method,

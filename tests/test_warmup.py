@@ -26,14 +26,19 @@ def test_warm_up_runs_sparse_chunks_and_writes_no_cache(method):
     selector = make_selector(cfg, d**-0.5)
     calls = []
 
+    widths = []
+
     def counting_selector(*args):
         calls.append(args[4])
+        widths.append(args[2].stride(0))
         return selector(*args)
 
     before = batch.kv_cache.clone()
     warm_up_prefill(
         counting_selector, reference_executor, policy, layout, layout.page_keys(batch.kv_cache),
-        layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32,
+        layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32, 4096,
     )  # fmt: skip
     assert torch.equal(batch.kv_cache, before)
     assert len(calls) == len(WARMUP_CHUNKS) and all(plan.any_sparse for plan in calls)
+    assert widths == [4096] * len(WARMUP_CHUNKS), "block tables must have the engine's row stride"
+

@@ -10,6 +10,7 @@ With CUDA the kernels run compiled on the GPU.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,5 +42,7 @@ def rerun_in_fresh_process(path: str):
             check=False,
         )
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        passed = re.search(r"(\d+) passed", proc.stdout)
+        assert passed and int(passed.group(1)) > 0, "the fresh process passed no test:\n" + proc.stdout[-4000:]
 
     return test_in_fresh_process

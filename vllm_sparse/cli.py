@@ -46,7 +46,7 @@ def passkey(args) -> int:
     print_result(r)
     if args.out:
         Path(args.out).write_text(json.dumps(r, indent=2))
-    return 0
+    return 0 if r["correct"] else 1  # the main job fails when the model answers wrong
 
 
 def main(argv: list[str] | None = None) -> int:

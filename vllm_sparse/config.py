@@ -1,10 +1,10 @@
 """Selector configuration: pydantic models, YAML loading, and where the config comes from.
 
-Sources, first match wins (DESIGN.md section 5):
+Sources, first match wins (README "Configuration"):
   1. ``--additional-config '{"sparse_attention": {...}}'`` (inline fields, or ``{"config": PATH}``
      plus optional inline fields that override the file's);
   2. the environment variable ``SPARSE_ATTENTION_CONFIG`` (a path to a YAML file);
-  3. a shipped ``vllm_sparse/configs/<model>.yaml`` matched on the model's name;
+  3. a shipped ``configs/<model>.yaml`` (installed as ``vllm_sparse.configs``) matched on the model's name;
   4. the method defaults below.
 The method itself comes from the backend name (``sparse_quoka`` -> ``quoka``).
 """
@@ -19,11 +19,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from vllm_sparse.resources import data_dir
+
 METHODS = ("quoka", "quest", "twilight", "kascade", "compact")
 Method = Literal["quoka", "quest", "twilight", "kascade", "compact"]
 ENV_VAR = "SPARSE_ATTENTION_CONFIG"
 ADDITIONAL_CONFIG_KEY = "sparse_attention"
-SHIPPED_DIR = Path(__file__).parent / "configs"
+SHIPPED_DIR = data_dir("configs")
 
 
 class SparseConfigError(ValueError):
@@ -121,6 +123,11 @@ class SparseConfig(_Strict):
     # (its scoring reads every past key, so a decode step saves little and pays the selection;
     # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata).
     sparse_decode: bool | None = None
+    # Prefill chunks sparse or dense; None: decided per chunk from cost (``vllm_sparse.cost``: on
+    # GPUs with a measured cost table a chunk runs sparse only where the modelled sparse time,
+    # selection included, beats dense FlashAttention; elsewhere every chunk past
+    # ``dense_below_tokens`` runs sparse); True: every such chunk sparse; False: prefill dense.
+    sparse_prefill: bool | None = None
     # Prefill chunks score pages with their last ``chunk_query_window`` queries only; 0: every query
     # of the chunk (the papers' rule); None: the method's default, 64 for Twilight (its INT4 mass
     # estimate over every query of an 8K chunk made TTFT at 128K 5x slower than dense; with 64,
@@ -177,6 +184,7 @@ class SparseConfig(_Strict):
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
             sparse_decode=self.method != "quoka" if self.sparse_decode is None else self.sparse_decode,
             force_sparse=self.force_sparse,
+            sparse_prefill=self.sparse_prefill,
         )
 
 
@@ -195,6 +203,7 @@ class LayerPolicy:
     select_fraction: float | None = None
     sparse_decode: bool = True  # False: decode steps (query length 1) run dense
     force_sparse: bool = False  # True: a covering budget selects every page instead of running dense
+    sparse_prefill: bool | None = None  # None: the cost model decides per chunk; False: prefill dense
 
 
 @dataclass(frozen=True)

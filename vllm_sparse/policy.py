@@ -16,6 +16,7 @@ Logical pages of a request are numbered from its first token: page ``p`` holds p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,9 +96,22 @@ class StepPlan:
         return cache[key]
 
 
+#: ``sparse_pays(query_len, context_len, kept_tokens)``: whether a prefill chunk that attends
+#: ``kept_tokens`` past tokens (selected + sink + local) instead of all ``context_len`` runs faster
+#: sparse, selection included (``vllm_sparse.cost``).
+SparsePays = Callable[[int, int, int], bool]
+
+
 def plan_request(
-    policy: LayerPolicy, page_size: int, query_start: int, query_len: int, seq_len: int
+    policy: LayerPolicy,
+    page_size: int,
+    query_start: int,
+    query_len: int,
+    seq_len: int,
+    sparse_pays: SparsePays | None = None,
 ) -> RequestPlan:
+    """Plan one request. A prefill chunk (``query_len > 1``) of a policy with
+    ``sparse_prefill=None`` runs sparse only where ``sparse_pays`` says so (when given)."""
     n = page_size
     ctx = seq_len - query_len
     total_pages = cdiv(seq_len, n)
@@ -117,16 +131,21 @@ def plan_request(
         or ctx == 0
         or ctx < policy.dense_below_tokens
         or (not policy.force_sparse and (budget_tokens >= ctx or num_select >= selectable))
+        or (query_len > 1 and policy.sparse_prefill is False)
     )
+    every_page = torch.arange(total_pages, dtype=torch.int64)
+    dense_plan = RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, every_page, n, total_pages, total_pages)
     if dense:
-        forced = torch.arange(total_pages, dtype=torch.int64)
-        return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, forced, n, total_pages, total_pages)
+        return dense_plan
     if policy.select_fraction is not None:  # method-specific count, e.g. twilight's candidates:
         # select_fraction of the context (at most the budget's max_tokens), pruned later (top-p)
         cand_tokens = int(policy.select_fraction * ctx)
         if policy.budget.max_tokens is not None:
             cand_tokens = min(cand_tokens, policy.budget.max_tokens)
         num_select = min(selectable, max(0, cdiv(cand_tokens, n) - len(forced_past)))
+    if query_len > 1 and policy.sparse_prefill is None and not policy.force_sparse and sparse_pays is not None:
+        if not sparse_pays(query_len, ctx, (num_select + len(forced_past)) * n):  # dense costs less
+            return dense_plan
     head = len(sink)
     tail = max(min(local, default=num_past), head)
     forced = torch.cat([torch.arange(head), torch.arange(tail, total_pages)])
@@ -134,16 +153,23 @@ def plan_request(
 
 
 def plan_step(
-    policy: LayerPolicy, page_size: int, query_start_loc: list[int], seq_lens: list[int]
+    policy: LayerPolicy,
+    page_size: int,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    sparse_pays: SparsePays | None = None,
 ) -> StepPlan:
     """Plan every request of a step.
 
     Args:
         query_start_loc: ``[B + 1]`` token offsets of each request's queries (host).
         seq_lens: ``[B]`` context + query tokens of each request (host).
+        sparse_pays: the prefill cost decision (``plan_request``); None: thresholds only.
     """
     reqs = tuple(
-        plan_request(policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s)
+        plan_request(
+            policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s, sparse_pays
+        )
         for i, s in enumerate(seq_lens)
     )
     return StepPlan(page_size, reqs, policy)

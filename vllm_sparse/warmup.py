@@ -26,6 +26,9 @@ from vllm_sparse.tables import build_page_tables
 
 #: (chunk tokens, context tokens) of the synthetic chunks, one step each
 WARMUP_CHUNKS = ((300, 5000), (3, 5000))
+#: blocks of the scratch cache a layer warms up on before its real cache exists (the chunks'
+#: block tables wrap around it)
+SCRATCH_BLOCKS = 64
 
 
 def warm_up_prefill(
@@ -39,6 +42,7 @@ def warm_up_prefill(
     num_heads: int,
     scale: float,
     dtype: torch.dtype,
+    block_table_width: int | None = None,
 ) -> None:
     """Run one layer's sparse prefill path on synthetic chunks (outputs discarded).
 
@@ -48,6 +52,9 @@ def warm_up_prefill(
             policy is warmed as if it were sparse: the kernels are shared).
         page_keys, page_values: ``[num_pages, N, D]`` views of the layer's cache (read only).
         num_heads: ``Hq``; dtype: the query dtype.
+        block_table_width: columns of the engine's block table (``cdiv(max_model_len, N)``): the
+            synthetic chunks' block tables get the same row stride, because Triton specialises a
+            kernel on whether a stride divides by 16 and real steps must hit the warmed variant.
     """
     n, d = layout.page_size, layout.head_size
     device = page_keys.device
@@ -57,7 +64,8 @@ def warm_up_prefill(
     for chunk, ctx in WARMUP_CHUNKS:
         seq = ctx + chunk
         pages = -(-seq // n)
-        block_table = (torch.arange(pages, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
+        width = max(pages, block_table_width or 0)
+        block_table = (torch.arange(width, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
         plan = plan_step(warm, n, [0, chunk], [seq])
         if not plan.any_sparse:
             continue

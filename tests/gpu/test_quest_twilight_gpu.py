@@ -15,7 +15,6 @@ require_cuda()
 from vllm_sparse.config import Budget, LayerPolicy  # noqa: E402
 from vllm_sparse.executors.reference import reference_executor  # noqa: E402
 from vllm_sparse.executors.triton_paged import TritonPagedExecutor  # noqa: E402
-from vllm_sparse.kernels.page_meta_write import write_int4_shadow_triton, write_page_minmax_triton  # noqa: E402
 from vllm_sparse.kernels.quest_score import page_upper_bounds_triton  # noqa: E402
 from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_triton  # noqa: E402
 from vllm_sparse.layout import MetaPlanes, PageLayout  # noqa: E402

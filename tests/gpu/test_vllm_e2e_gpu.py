@@ -57,25 +57,36 @@ def test_plugin_entry_point_registered(results):
 
 
 # Logits come back in bf16: at |logit| ~ 10-30 one ulp is 0.0625-0.125. Two bf16 kernels (FLASH_ATTN
-# and FLASHINFER too) part ways where the reference's top-2 logprobs are within ~2 ulps.
+# and FLASHINFER too) part ways where the reference's top logprobs are within a few ulps; on the
+# random-weight tiny model they do so in most prompts, at gaps up to 0.25 (two ulps).
 NEAR_TIE = 0.26
+
+
+def _tie_bound(s: dict, mode: str) -> float:
+    """The near-tie bound of a mode: twice the largest gap at which the two dense backends part in
+    this very run (numerical noise of bf16 kernels on this model), at least ``NEAR_TIE``."""
+    own = s[f"{mode}: flashinfer vs flash_attn"]["greedy"]["max_ref_gap_at_divergence"]
+    return max(NEAR_TIE, 2 * (own or 0.0) + 0.01)
 
 
 def _matches_dense(s: dict, mode: str, name: str) -> None:
     """Prompt logprobs as close to FLASH_ATTN's as FLASHINFER's are; greedy tokens equal FLASH_ATTN's
-    up to a near-tie of the reference's logits."""
+    up to a near-tie of the reference's logits (the reference's top-5 at the first divergence)."""
     cmp, floor = s[f"{mode}: {name} vs flash_attn"], s[f"{mode}: flashinfer vs flash_attn"]
     assert cmp["prompt_logprobs"]["mean_abs"] <= 2 * floor["prompt_logprobs"]["mean_abs"] + 1e-3, (cmp, floor)
     if not cmp["greedy"]["all_equal"]:
         gap = cmp["greedy"]["max_ref_gap_at_divergence"]
-        assert gap is not None and gap < NEAR_TIE, cmp["greedy"]["prompts"]
+        assert gap is not None and gap < _tie_bound(s, mode), cmp["greedy"]["prompts"]
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_full_budget_matches_dense(results, mode):
-    """Teacher-forced prompt logprobs (chunked prefill, chunks inside pages) equal FLASHINFER's."""
+    """Teacher-forced prompt logprobs (chunked prefill, chunks inside pages) equal dense's: the
+    dense prefill rows run vLLM's FlashAttention where it is built (FLASH_ATTN's kernel), else
+    FlashInfer per row (FLASHINFER's)."""
     s = results["summary"]
-    assert s[f"{mode}: sparse_full vs flashinfer"]["prompt_logprobs"]["max_abs"] <= 1e-3
+    nearest = min(s[f"{mode}: sparse_full vs {ref}"]["prompt_logprobs"]["max_abs"] for ref in ("flashinfer", "flash_attn"))
+    assert nearest <= 1e-3, nearest
     _matches_dense(s, mode, "sparse_full")
 
 

@@ -35,6 +35,13 @@ class SparseBackend(AttentionBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
 
+    @classmethod
+    def supports_dtype(cls, dtype: torch.dtype) -> bool:
+        """float32 on CPUs only: the GPU executors (FlashInfer, FlashAttention) run 16-bit types."""
+        if dtype == torch.float32 and not current_platform.is_cpu():
+            return False
+        return dtype in cls.supported_dtypes
+
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(16)]

@@ -1,4 +1,4 @@
-"""The attention impl: the four pipeline stages of DESIGN.md section 2, for one layer."""
+"""The attention impl: the pipeline stages of one layer (write, policy, select, tables, execute; README "How it works")."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from vllm_sparse import stats
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
-from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.backend.startup import load_config
+from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.executors import get_executor, reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
 from vllm_sparse.metadata import get_kv_writer
@@ -35,6 +35,8 @@ class CacheViews:
     layout: PageLayout
     page_keys: torch.Tensor  # [num_pages, N, D] strided view
     page_values: torch.Tensor  # [num_pages, N, D] strided view
+    keys: torch.Tensor  # [num_blocks, Hkv, N, D] strided view
+    values: torch.Tensor  # [num_blocks, Hkv, N, D] strided view
     meta: PageMeta | None
 
 
@@ -81,6 +83,13 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
         self.execute = self._pick_executor(device_type)
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_model_len = mc.max_model_len if (mc := vllm_config.model_config) is not None else 0
+        self.dense_prefill = None  # dense prefill steps at FLASH_ATTN's cost (GPUs with vLLM's FlashAttention)
+        if device_type == "cuda" and self.config.executor != "reference":
+            from vllm_sparse.backend.dense_prefill import DensePrefill
+
+            self.dense_prefill = DensePrefill.create(head_size, self.block_size)
         if device_type == "cpu":
             from vllm_sparse.kernels import cpu_native
 
@@ -133,6 +142,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
                 layout,
                 layout.page_keys(kv_cache),
                 layout.page_values(kv_cache),
+                layout.keys(kv_cache),
+                layout.values(kv_cache),
                 None if planes is None else planes.views(kv_cache),  # None: the method keeps no metadata
             )
         return views
@@ -167,15 +178,19 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         """query ``[T, Hq, D]``, kv_cache ``[num_blocks, head_slots, N, 2D]``, output ``[T, Hq, D]``."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("fused output quantization is not supported by vllm-sparse")
-        if attn_metadata is None:  # profiling and dummy runs
-            return output
         if self.layer_idx is None:
             self.layer_idx = extract_layer_index(layer.layer_name)
             self.policy = self.config.for_layer(self.layer_idx)
-        views = self._views(kv_cache)
         if not self._warm and query.is_cuda and not torch.cuda.is_current_stream_capturing():
-            self._warm_up_once(views, query.dtype)
+            # vLLM's memory-profiling run comes first (no metadata, no cache yet): warm up there,
+            # on a scratch cache of this layer's layout, so its memory is counted and no request
+            # ever compiles a kernel of the sparse prefill path
+            scratch = attn_metadata is None or kv_cache.numel() == 0
+            self._warm_up_once(self._scratch_views(query) if scratch else self._views(kv_cache), query.dtype)
             self._warm = True
+        if attn_metadata is None:  # profiling and dummy runs
+            return output
+        views = self._views(kv_cache)
         decode = attn_metadata.decode
         if decode is not None:
             self._forward_decode(query, views, decode, output)
@@ -185,6 +200,20 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         return output
 
     _warmed: set = set()  # (method, layout, dtype) warmed in this process
+
+    def _scratch_views(self, query: torch.Tensor) -> CacheViews:
+        """Views of a small zeroed cache in this layer's layout (the warm-up reads pages only)."""
+        from vllm_sparse.warmup import SCRATCH_BLOCKS
+
+        n = self.block_size
+        planes = MetaPlanes.for_method(self.method, self.num_kv_heads, n, self.head_size, query.dtype)
+        slots = self.num_kv_heads + (planes.num_slots if planes else 0)
+        cache = torch.zeros(SCRATCH_BLOCKS, slots, n, 2 * self.head_size, dtype=query.dtype, device=query.device)
+        layout = PageLayout.of(cache, self.num_kv_heads, self.kv_order)
+        return CacheViews(
+            None, layout, layout.page_keys(cache), layout.page_values(cache), layout.keys(cache),
+            layout.values(cache), planes.views(cache) if planes else None,
+        )  # fmt: skip
 
     def _warm_up_once(self, views: CacheViews, dtype: torch.dtype) -> None:
         """Compile the sparse prefill path's kernels now (vLLM's start-up warm-up step), once per
@@ -197,7 +226,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
 
         warm_up_prefill(
             self.selector, self.execute, self.policy, views.layout, views.page_keys, views.page_values, views.meta,
-            self.num_heads, self.scale, dtype,
+            self.num_heads, self.scale, dtype, -(-self.max_model_len // self.block_size),
         )  # fmt: skip
 
     def _forward_decode(self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor):
@@ -224,13 +253,16 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         layout, page_keys, page_values = views.layout, views.page_keys, views.page_values
         block_table = attn_metadata.block_table
         plan = attn_metadata.plan_for(self.policy)  # 1 policy
-        if plan.any_sparse:  # 2 select
-            selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
+        if not plan.any_sparse and self.dense_prefill is not None and attn_metadata.dense_rows is not None:
+            self.dense_prefill(query, views.keys, views.values, attn_metadata.dense_rows, self.scale, out)
         else:
-            hkv = layout.num_kv_heads
-            selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))
-        tables = build_page_tables(plan, selection, block_table, layout)  # 3 tables
-        self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
+            if plan.any_sparse:  # 2 select
+                selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
+            else:
+                hkv = layout.num_kv_heads
+                selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))
+            tables = build_page_tables(plan, selection, block_table, layout)  # 3 tables
+            self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         hkv = layout.num_kv_heads
         sparse_rows, planned, dense_pages, prefill_planned, prefill_dense = plan.cached(

@@ -33,10 +33,12 @@ from vllm.v1.attention.backend import (
 )
 
 from vllm_sparse import stats
+from vllm_sparse.backend.dense_prefill import DenseRows
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
+from vllm_sparse.cost import prefill_cost
 from vllm_sparse.decode_step import DecodeColumns, DecodeStep
-from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, StepPlan, plan_step
+from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, SparsePays, StepPlan, plan_step
 
 
 @dataclass
@@ -53,6 +55,8 @@ class SparseAttentionMetadata:
         seq_lens: host ``[P]`` context + query tokens of those requests.
         block_table: ``int32 [P, max_blocks]`` their block-table rows, on the device.
         slot_mapping: ``int64 [T]`` on the device.
+        dense_rows: the same requests as one dense attention call (GPUs), for layers whose plan
+            runs every one of them dense (``backend.dense_prefill``).
     """
 
     num_actual_tokens: int
@@ -62,6 +66,8 @@ class SparseAttentionMetadata:
     slot_mapping: torch.Tensor
     page_size: int
     decode: DecodeStep | None = None
+    dense_rows: DenseRows | None = None
+    sparse_pays: SparsePays | None = None  # the prefill cost decision (``vllm_sparse.cost``)
     _plans: dict[LayerPolicy, StepPlan] = field(default_factory=dict, repr=False)
 
     @property
@@ -72,7 +78,9 @@ class SparseAttentionMetadata:
         """The step plan of the prefill requests for a layer policy, computed once per step."""
         plan = self._plans.get(policy)
         if plan is None:
-            plan = self._plans[policy] = plan_step(policy, self.page_size, self.query_start_loc, self.seq_lens)
+            plan = self._plans[policy] = plan_step(
+                policy, self.page_size, self.query_start_loc, self.seq_lens, self.sparse_pays
+            )
         return plan
 
 
@@ -88,6 +96,7 @@ class _StepWork:
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
     scale: float
+    dense_call: bool  # the layers run all-dense plans as one dense call (nothing to plan then)
 
 
 def device_decode_supported(vllm_config) -> bool:
@@ -123,6 +132,11 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         self._work = self._step_work(vllm_config, impls, kv_cache_spec)
         self._layer_policies = Counter(policy for _, _, policy in impls)  # policy -> layers
         self._num_kv_heads = impls[0][1].num_kv_heads if impls else kv_cache_spec.num_kv_heads
+        self._sparse_pays = None
+        if impls and not current_platform.is_cpu() and torch.cuda.is_available():
+            cost = prefill_cost(impls[0][1].config, torch.cuda.get_device_name(device))
+            if cost is not None:
+                self._sparse_pays = cost.sparse_pays
         self._decode = None
         if device_decode_supported(vllm_config) and impls:
             self._decode = DecodeColumns(
@@ -161,6 +175,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 q_dtype,
                 kv_cache_spec.dtype,
                 impl.scale,
+                getattr(impl, "dense_prefill", None) is not None,
             )
             if w not in work:
                 work.append(w)
@@ -192,11 +207,23 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             slot_mapping=cm.slot_mapping,
             page_size=self.page_size,
             decode=decode,
+            sparse_pays=self._sparse_pays,
         )
+        if meta.has_prefill and self._decode is not None:  # GPUs: the dense call of the prefill rows
+            q_lens = (qsl[nd + 1 :] - qsl[nd:-1]).numpy()
+            meta.dense_rows = DenseRows(
+                token_start=int(qsl[nd]),
+                num_tokens=int(qsl[b] - qsl[nd]),
+                query_start=cm.query_start_loc[nd : b + 1] - int(qsl[nd]),
+                seq_lens=cm.seq_lens[nd:b],
+                block_table=meta.block_table,
+                max_query_len=int(q_lens.max()),
+                max_seq_len=int(seq_cpu[nd:b].max()),
+            )
         if meta.has_prefill:
             for w in self._work:  # plan once per step, here, for every layer of the group
                 plan = meta.plan_for(w.policy)
-                if plan.requests:
+                if plan.requests and not (w.dense_call and not plan.any_sparse):
                     w.executor.prepare(
                         plan, w.num_kv_heads, w.group, w.head_size, w.q_dtype, w.kv_dtype, w.scale, self.device
                     )

@@ -49,6 +49,9 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
             "speculative decoding is not supported: sparse decode rows are planned from exact sequence "
             "lengths, which the host does not know while drafts await verification"
         )
+    block = getattr(getattr(vllm_config, "cache_config", None), "block_size", None)
+    if method == "twilight" and block and block & (block - 1):
+        reasons.append(f"sparse_twilight needs a power-of-two block size for its INT4 key shadows (got {block})")
     mc = getattr(vllm_config, "model_config", None)
     if mc is not None:
         reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers())]

@@ -1,4 +1,4 @@
-"""Native CPU kernels (``vllm_sparse/csrc/*.cpp``: QuoKA, Quest): JIT-built against the imported torch.
+"""Native CPU kernels (``csrc/*.cpp``, installed as ``vllm_sparse.csrc``: QuoKA, Quest): JIT-built against the imported torch.
 
 The C++ sources ship inside the package and are compiled (into one library) on first use with the system's C++
 compiler (``$CXX``, else ``c++``) against the headers and libraries of whatever torch is imported,
@@ -33,9 +33,11 @@ from pathlib import Path
 
 import torch
 
+from vllm_sparse.resources import data_dir
+
 logger = logging.getLogger("vllm_sparse")
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+CSRC = data_dir("csrc")
 SOURCES = sorted(CSRC.glob("*.cpp"))  # every source goes into the one library
 HEADERS = sorted(CSRC.glob("*.h"))
 LIB_NAME = "vllm_sparse_cpu"

@@ -96,6 +96,7 @@ def _lse_partial_kernel(
     scale_ptr,
     zero_ptr,
     blocks_ptr,
+    valid_ptr,
     m_ptr,
     l_ptr,
     num_queries,
@@ -117,6 +118,7 @@ def _lse_partial_kernel(
     PRECISION: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    HAS_VALID: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv = row % num_kv_heads
@@ -130,6 +132,8 @@ def _lse_partial_kernel(
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     lo_t = split * split_tokens
     hi_t = tl.minimum(lo_t + split_tokens, num_tokens)
+    if HAS_VALID:  # the row's pages past valid[row] are padding: not even computed
+        hi_t = tl.minimum(hi_t, tl.load(valid_ptr + row) * PAGE)
     for t0 in range(lo_t, hi_t, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         tm = t < hi_t
@@ -153,6 +157,7 @@ def _page_mass_kernel(
     scale_ptr,
     zero_ptr,
     blocks_ptr,
+    valid_ptr,
     lse_ptr,
     out_ptr,
     num_queries,
@@ -174,6 +179,7 @@ def _page_mass_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_PG: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    HAS_VALID: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv = row % num_kv_heads
@@ -183,7 +189,10 @@ def _page_mass_kernel(
     tm = t < num_pages * PAGE
     gi = tl.arange(0, BLOCK_G)
     acc = tl.zeros([BLOCK_G, BLOCK_PG * PAGE], tl.float32)
-    for i0 in range(0, nq, BLOCK_Q):
+    nq_run = nq
+    if HAS_VALID:  # programs whose pages are all padding store zeros without computing
+        nq_run = tl.where(tl.program_id(1) * BLOCK_PG < tl.load(valid_ptr + row), nq, 0)
+    for i0 in range(0, nq_run, BLOCK_Q):
         i = i0 + tl.arange(0, BLOCK_Q)
         im = i < nq
         qe, qo, qsum = _load_queries(q_ptr, i, im, q0, kv, stride_qc, stride_qh, G, HALF_D, BLOCK_HD)
@@ -202,8 +211,9 @@ def _page_mass_kernel(
     tl.store(out, mass, mask=(gi[:, None] < G) & (p[None, :] < num_pages))
 
 
-def _estimate(q, codes, scale, zero, blocks, softmax_scale, num_queries):
-    """``[R, G, P]`` for rows ``blocks [R, P]`` (``R = slots * Hkv``) and queries ``q [slots * C, Hq, D]``."""
+def _estimate(q, codes, scale, zero, blocks, softmax_scale, num_queries, valid=None):
+    """``[R, G, P]`` for rows ``blocks [R, P]`` (``R = slots * Hkv``) and queries ``q [slots * C, Hq, D]``;
+    ``valid``: ``int32 [R]`` leading pages of each row that are not padding (None: all)."""
     hq = q.shape[1]
     _, hkv, n, half = codes.shape
     rows, p = blocks.shape
@@ -226,21 +236,23 @@ def _estimate(q, codes, scale, zero, blocks, softmax_scale, num_queries):
     split_tokens = triton.cdiv(triton.cdiv(num_tokens, splits), block_t) * block_t
     splits = triton.cdiv(num_tokens, split_tokens)
     m = torch.empty(rows, splits, nq, dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
+    l = torch.empty_like(m)  # noqa: E741  (the (m, l) pair of an online softmax)
     common = (qs.stride(0), qs.stride(1), blocks.stride(0), codes.stride(0), codes.stride(1), codes.stride(2),
               scale.stride(0), scale.stride(1))
     consts = dict(G=g, PAGE=n, HALF_D=half, BLOCK_HD=max(16, triton.next_power_of_2(half)),
                   PRECISION="tf32x3" if q.is_cuda else "ieee", BLOCK_Q=block_q, num_warps=4)
+    has_valid = valid is not None
+    valid = valid if has_valid else blocks  # any pointer: not read
     _lse_partial_kernel[(rows, qblocks, splits)](
-        qs, codes, scale, zero, blocks, m, l, num_queries, hkv, num_tokens, split_tokens, *common,
-        BLOCK_T=block_t, **consts,
+        qs, codes, scale, zero, blocks, valid, m, l, num_queries, hkv, num_tokens, split_tokens, *common,
+        BLOCK_T=block_t, HAS_VALID=has_valid, **consts,
     )
     mx = m.amax(dim=1, keepdim=True)
     lse = (mx.squeeze(1) + torch.log2((l * torch.exp2(m - mx)).sum(dim=1))).contiguous()  # [R, C * G]
     block_pg = max(1, 64 // n)
     _page_mass_kernel[(rows, triton.cdiv(p, block_pg))](
-        qs, codes, scale, zero, blocks, lse, out, num_queries, hkv, p, *common, BLOCK_PG=block_pg,
-        BLOCK_G=triton.next_power_of_2(g), **consts,
+        qs, codes, scale, zero, blocks, valid, lse, out, num_queries, hkv, p, *common, BLOCK_PG=block_pg,
+        BLOCK_G=triton.next_power_of_2(g), HAS_VALID=has_valid, **consts,
     )
     return out
 
@@ -276,6 +288,7 @@ def estimate_page_mass_rows_triton(
     zero: torch.Tensor,
     blocks: torch.Tensor,
     softmax_scale: float,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Estimated attention mass per page of many requests' decode queries, in one launch per pass.
 
@@ -285,8 +298,10 @@ def estimate_page_mass_rows_triton(
         blocks: ``int [S * Hkv, P]`` physical block of each page of row ``slot * Hkv + kv_head``;
             ``-1`` marks padding (never read; zero mass, outside every softmax).
         softmax_scale: the softmax scale.
+        valid: ``int32 [S * Hkv]`` optional: every page of a row at or past ``valid[row]`` is
+            padding, and its tokens are skipped rather than masked (rows padded to a fixed cap).
     Returns:
         ``float32 [S * Hkv, G, P]``; equals ``estimate_page_mass_rows`` (the twin).
     """
     assert blocks.shape[0] == q.shape[0] * codes.shape[1]
-    return _estimate(q, codes, scale, zero, blocks, softmax_scale, 1)
+    return _estimate(q, codes, scale, zero, blocks, softmax_scale, 1, valid)

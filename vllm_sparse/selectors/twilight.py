@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
@@ -236,34 +237,35 @@ class TwilightSelector:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See ``selectors.base.Selector.select_decode``: the base selector's candidates, pruned by
         the INT4 mass estimate to a top-p set per row (kept candidates first). Shapes are fixed by
-        the step (``B``, ``K_cap`` candidates and ``F_cap`` forced past pages per row, padded with
-        block ``-1``), so the same launches serve every replay."""
+        the step (``B``, ``K_cap`` candidates and ``F_cap`` forced past pages per row), so the same
+        launches serve every replay; each row's pages are packed at the front (its ``cnt``
+        candidates, then its forced past pages) and the estimate skips the padding behind them."""
+        from vllm_sparse.kernels.top_p import top_p_select_triton
         from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_rows_triton
 
         if meta is None or meta.codes is None:
             raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
         cand, cand_counts = self.base.select_decode(query, page_keys, layout, meta, step, policy)
         hkv, n, b = layout.num_kv_heads, layout.page_size, step.num_reqs
-        cols = step.columns[policy].long()
+        cols = step.columns[policy]
         dev = cand.device
         k = cand.shape[1]
-        req = torch.arange(b * hkv, device=dev) // hkv
-        table = step.block_table.long()
-        valid = torch.arange(k, device=dev)[None, :] < cand_counts[:, None]  # [R, K]
-        cand_blocks = table[req[:, None], cand.long().masked_fill(~valid, 0)].masked_fill_(~valid, -1)
-        # forced past pages [0, HEAD) + [TAIL, PAST) of rows that select (block -1: padding)
         f_cap = -(-policy.sink_tokens // n) + -(-policy.local_tokens // n) + 1
-        f = torch.arange(f_cap, device=dev)[None, :]
-        head, tail, past = (cols[req, c][:, None] for c in (HEAD, TAIL, PAST))
-        page = torch.where(f < head, f, tail + f - head)
-        fvalid = (page < past) & (cand_counts[:, None] > 0)
-        forced_blocks = table[req[:, None], torch.where(fvalid, page, 0)].masked_fill_(~fvalid, -1)
-        blocks = torch.cat([cand_blocks, forced_blocks], dim=1)  # [R, K + F]
+        req = torch.arange(b * hkv, device=dev) // hkv
+        head, tail, past = (cols[req, c].long()[:, None] for c in (HEAD, TAIL, PAST))
+        cnt = cand_counts.long()[:, None]
+        # the forced past pages [0, HEAD) + [TAIL, PAST) are a prefix of f = 0, 1, ...: f < fcnt
+        fcnt = torch.where(cnt > 0, head + (past - tail).clamp(min=0), 0)
+        col = torch.arange(k + f_cap, device=dev)[None, :]
+        f = col - cnt
+        page = torch.where(col < cnt, F.pad(cand, (0, f_cap)).long(), torch.where(f < head, f, tail + f - head))
+        valid = col < cnt + fcnt
+        table = step.block_table.long()
+        blocks = table[req[:, None], torch.where(valid, page, 0)].masked_fill_(~valid, -1)  # [R, K + F]
         scale = self.scale or query.shape[-1] ** -0.5
-        mass = estimate_page_mass_rows_triton(query[:b], meta.codes, meta.scale, meta.zero, blocks, scale)
-        keep = top_p_keep(mass[..., :k], mass[..., k:].sum(dim=-1), self.top_p) & valid  # [R, K]
-        order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept candidates first
-        return cand.gather(1, order), keep.sum(dim=1).to(torch.int32)
+        num_valid = (cnt + fcnt)[:, 0].to(torch.int32)
+        mass = estimate_page_mass_rows_triton(query[:b], meta.codes, meta.scale, meta.zero, blocks, scale, num_valid)
+        return top_p_select_triton(mass, cand_counts, cand, self.top_p)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,78 @@
+"""When a sparse prefill chunk pays: a per-layer time model, fitted on measurements of one GPU kind.
+
+A chunk of ``q`` queries after ``ctx`` past tokens costs, per layer, dense (vLLM's FlashAttention,
+what the backend runs for dense chunks) and sparse (selection, tables, the sparse executor over
+``kept`` past tokens plus the chunk itself)::
+
+    dense(q, ctx)        = a * q * (ctx + q / 2)
+    sparse(q, ctx, kept) = b * q * (kept + q / 2) + c * s * ctx + e * q + f
+
+``s`` is the number of queries that score pages (the method's scoring queries: Quest every query
+of the chunk or its window, QuoKA its ``num_queries``, Twilight its window). Times in microseconds
+with pair counts in millions. The coefficients come from ``benchmarks/step_breakdown_gpu.py`` on
+the GPU named in the table, fitted by ``benchmarks/fit_prefill_cost.py``; a GPU without a table
+gets no model, and the thresholds of the config decide alone (``policy.plan_request``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_sparse.config import SparseConfig
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """Fitted per-layer time model of one method on one GPU kind (see the module docstring)."""
+
+    dense_a: float  # us per million query-key pairs, dense FlashAttention
+    attend_b: float  # us per million query-key pairs, the sparse executor
+    score_c: float  # us per million (scoring query, past token) pairs, the selection
+    per_query_e: float  # us per thousand queries (query subselection, regrouping)
+    fixed_f: float  # us per layer call (launches, tables)
+    scoring_queries: int | None = None  # None: every query of the chunk
+
+    def dense_us(self, q: int, ctx: int) -> float:
+        return self.dense_a * q * (ctx + q / 2) / 1e6
+
+    def sparse_us(self, q: int, ctx: int, kept: int) -> float:
+        s = q if self.scoring_queries is None else min(q, self.scoring_queries)
+        return (
+            self.attend_b * q * (kept + q / 2) / 1e6
+            + self.score_c * s * ctx / 1e6
+            + self.per_query_e * q / 1e3
+            + self.fixed_f
+        )
+
+    def sparse_pays(self, q: int, ctx: int, kept: int) -> bool:
+        return self.sparse_us(q, ctx, kept) < self.dense_us(q, ctx)
+
+
+#: (GPU family, method) -> (dense_a, attend_b, score_c, per_query_e, fixed_f), from
+#: benchmarks/results/step_breakdown_h100/step_breakdown_gpu.json (fit_prefill_cost.py).
+#: Measured on an H100 80GB HBM3 (vLLM 0.33's FA3, FlashInfer 0.7.2, Triton 3.6), Llama-3.1-8B layer
+#: shapes, shipped defaults at 12.5%; each fit is within about 20% of every measured point.
+COEFFICIENTS: dict[tuple[str, str], tuple[float, float, float, float, float]] = {
+    ("hopper", "quest"): (25.6132, 53.3865, 2.3288, 0.0000, 362.8),
+    ("hopper", "quoka"): (25.6132, 31.7050, 0.0000, 28.5862, 875.4),
+    ("hopper", "twilight"): (25.6132, 61.5743, 130.5115, 0.0000, 1143.1),
+}
+
+#: GPU names (``torch.cuda.get_device_name``) -> the family whose table they use.
+FAMILIES = {"H100": "hopper", "H200": "hopper", "H800": "hopper", "H20": "hopper", "GH200": "hopper"}
+
+
+def scoring_queries(config: SparseConfig) -> int | None:
+    """The queries of a chunk that score past pages under ``config`` (None: all of them)."""
+    if config.method == "quoka":
+        return config.quoka.num_queries
+    return config.query_window()
+
+
+def prefill_cost(config: SparseConfig, device_name: str) -> PrefillCost | None:
+    """The fitted model of ``config.method`` on the GPU ``device_name``; None without a table."""
+    family = next((f for key, f in FAMILIES.items() if key in device_name.upper()), None)
+    coeffs = COEFFICIENTS.get((family, config.method)) if family else None
+    if coeffs is None:
+        return None
+    return PrefillCost(*coeffs, scoring_queries=scoring_queries(config))
