@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_sparse.config import SparseConfigError, method_of_backend, resolve_config
+from vllm_sparse.config import SparseConfigError, method_of_backend, resolve_config, shipped_configs
 from vllm_sparse.eval.cli import add_eval_parser
 
 
@@ -20,6 +20,10 @@ def _num_layers(model: str) -> int | None:
 
 
 def show_config(args) -> int:
+    if args.list:
+        for path, names in shipped_configs().items():
+            print(f"{path.name}: {', '.join(names)}")
+        return 0
     try:
         method = method_of_backend(args.backend)
         additional = json.loads(args.additional_config) if args.additional_config else None
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--model", default=None, help="model name or local folder (matches shipped configs)")
     s.add_argument("--backend", default="sparse_quoka")
     s.add_argument("--additional-config", default=None, help="the JSON you would pass to vLLM")
+    s.add_argument("--list", action="store_true", help="list the shipped configs and the model names each matches")
     s.set_defaults(fn=show_config)
     k = sub.add_parser("passkey", help="serve a model with a backend and ask for a hidden passkey")
     k.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")

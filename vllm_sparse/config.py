@@ -4,7 +4,8 @@ Sources, first match wins (README "Configuration"):
   1. ``--additional-config '{"sparse_attention": {...}}'`` (inline fields, or ``{"config": PATH}``
      plus optional inline fields that override the file's);
   2. the environment variable ``SPARSE_ATTENTION_CONFIG`` (a path to a YAML file);
-  3. a shipped ``configs/<model>.yaml`` (installed as ``vllm_sparse.configs``) matched on the model's name;
+  3. a shipped YAML from ``configs/`` (installed as ``vllm_sparse.configs``) matched on the model's hub
+     name or path, case-insensitively (``match_shipped_config``: file name, then the ``models`` list);
   4. the method defaults below.
 The method itself comes from the backend name (``sparse_quoka`` -> ``quoka``).
 """
@@ -144,6 +145,9 @@ class SparseConfig(_Strict):
     kascade: KascadeOptions = KascadeOptions()
     compact: CompactOptions = CompactOptions()
     layers: dict[int, LayerOverride] = Field(default_factory=dict)
+    # Model names a shipped config matches besides its file name (hub names, e.g. "Qwen/Qwen3-8B");
+    # no effect on the policy.
+    models: list[str] = Field(default_factory=list)
     _policies: dict[int, LayerPolicy] = PrivateAttr(default_factory=dict)
 
     def query_window(self) -> int | None:
@@ -291,15 +295,46 @@ def parse_config(data: dict[str, Any], method: str, source: str) -> SparseConfig
     return cfg
 
 
-def shipped_config_path(model: str | None) -> Path | None:
-    """The shipped YAML whose stem equals the model name's last path component (case-insensitive)."""
+def shipped_configs() -> dict[Path, list[str]]:
+    """Every shipped config and the model names it matches: its file name, then its ``models``."""
+    out = {}
+    for p in sorted(SHIPPED_DIR.glob("*.yaml")):
+        data = yaml.safe_load(p.read_text()) or {}
+        models = data.get("models") or []
+        out[p] = [p.stem, *[str(m) for m in ([models] if isinstance(models, str) else models)]]
+    return out
+
+
+def match_shipped_config(model: str | None) -> tuple[Path, str] | None:
+    """The shipped config for ``model`` (a hub name or a local path) and the rule that matched, all
+    comparisons case-insensitive, first rule wins: (1) the file name equals the model's last path
+    component; (2) a name in a config's ``models`` equals the model; (3) the last component of a
+    name in a config's ``models`` equals the model's last path component."""
     if not model:
         return None
-    stem = Path(str(model).rstrip("/")).name.lower()
-    for p in sorted(SHIPPED_DIR.glob("*.yaml")):
-        if p.stem.lower() == stem:
-            return p
+    name = str(model).strip().rstrip("/").lower()
+    last = Path(name).name
+    if not last:
+        return None
+    configs = shipped_configs()
+    for p in configs:
+        if p.stem.lower() == last:
+            return p, f"file name {p.name} = the model's last path component {last!r}"
+    for p, names in configs.items():
+        for n in names[1:]:
+            if n.strip().rstrip("/").lower() == name:
+                return p, f"its models list names {n!r}"
+    for p, names in configs.items():
+        for n in names[1:]:
+            if Path(n.strip().rstrip("/").lower()).name == last:
+                return p, f"its models list names {n!r}, whose last component is the model's {last!r}"
     return None
+
+
+def shipped_config_path(model: str | None) -> Path | None:
+    """The shipped YAML for ``model`` (``match_shipped_config``), or None."""
+    found = match_shipped_config(model)
+    return None if found is None else found[0]
 
 
 def resolve_config(
@@ -325,11 +360,13 @@ def resolve_config(
     if environ.get(ENV_VAR):
         source = f"${ENV_VAR}={environ[ENV_VAR]}"
         return ResolvedConfig(parse_config(_load_yaml(environ[ENV_VAR], source), method, source), source)
-    shipped = shipped_config_path(model)
-    if shipped is not None:
-        source = f"shipped {shipped.name}"
+    found = match_shipped_config(model)
+    if found is not None:
+        shipped, why = found
+        source = f"shipped {shipped.name} ({why})"
         return ResolvedConfig(parse_config(_load_yaml(shipped, source), method, source), source)
-    return ResolvedConfig(parse_config({}, method, "defaults"), "defaults")
+    source = "defaults (no shipped config matches the model)" if model else "defaults"
+    return ResolvedConfig(parse_config({}, method, source), source)
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
