@@ -133,10 +133,12 @@ def plan_request(
         or (not policy.force_sparse and (budget_tokens >= ctx or num_select >= selectable))
         or (query_len > 1 and policy.sparse_prefill is False)
     )
-    every_page = torch.arange(total_pages, dtype=torch.int64)
-    dense_plan = RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, every_page, n, total_pages, total_pages)
+    def dense_plan() -> RequestPlan:  # built only for requests that run dense
+        every_page = torch.arange(total_pages, dtype=torch.int64)
+        return RequestPlan(query_start, query_len, ctx, seq_len, False, 0, num_past, every_page, n, total_pages, total_pages)
+
     if dense:
-        return dense_plan
+        return dense_plan()
     if policy.select_fraction is not None:  # method-specific count, e.g. twilight's candidates:
         # select_fraction of the context (at most the budget's max_tokens), pruned later (top-p)
         cand_tokens = int(policy.select_fraction * ctx)
@@ -145,7 +147,7 @@ def plan_request(
         num_select = min(selectable, max(0, cdiv(cand_tokens, n) - len(forced_past)))
     if query_len > 1 and policy.sparse_prefill is None and not policy.force_sparse and sparse_pays is not None:
         if not sparse_pays(query_len, ctx, (num_select + len(forced_past)) * n):  # dense costs less
-            return dense_plan
+            return dense_plan()
     head = len(sink)
     tail = max(min(local, default=num_past), head)
     forced = torch.cat([torch.arange(head), torch.arange(tail, total_pages)])
