@@ -261,7 +261,7 @@ def launch(spec: dict, out: Path) -> subprocess.Popen:
     spec_path.write_text(json.dumps(spec))
     log = open(out / f"log_{name}.txt", "w")  # noqa: SIM115 (the child owns it)
     # own compile cache per engine: engines may start at the same time
-    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(out / f"vllm_cache_{name}"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_CACHE_ROOT=str(out / f"vllm_cache_{name}"), VLLM_SPARSE_JIT_TRACE="1")
     return subprocess.Popen(
         [sys.executable, str(HERE), "engine", str(spec_path)],
         stdout=log,

@@ -197,7 +197,7 @@ def run_backend(
     cmd = server_cmd(model, backend, port, cfg)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))  # fmt: skip
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1"))  # fmt: skip
     res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "loads": {}}
     try:
         res["engine_start_s"] = round(wait_ready(port, proc, 900), 1)

@@ -11,7 +11,7 @@ from vllm_sparse.config import SparseConfig
 from vllm_sparse.executors import reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.selectors import make_selector
-from vllm_sparse.warmup import WARMUP_CHUNKS, warm_up_prefill
+from vllm_sparse.warmup import WARMUP_CHUNKS, WARMUP_PASTS, warm_up_prefill, warmup_steps
 
 
 @pytest.mark.parametrize("method", ["quoka", "quest", "twilight"])
@@ -24,21 +24,34 @@ def test_warm_up_runs_sparse_chunks_and_writes_no_cache(method):
     cfg = SparseConfig(method=method, dense_layers=[0])
     policy = cfg.for_layer(0)  # a dense layer: warmed as if sparse
     selector = make_selector(cfg, d**-0.5)
-    calls = []
-
-    widths = []
+    calls, widths, seqs = [], [], []
 
     def counting_selector(*args):
         calls.append(args[4])
         widths.append(args[2].stride(0))
+        seqs.append(args[4].requests[0].seq_len)
         return selector(*args)
 
     before = batch.kv_cache.clone()
     warm_up_prefill(
         counting_selector, reference_executor, policy, layout, layout.page_keys(batch.kv_cache),
-        layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32, 4096,
+        layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32, 256,
     )  # fmt: skip
     assert torch.equal(batch.kv_cache, before)
-    assert len(calls) == len(WARMUP_CHUNKS) and all(plan.any_sparse for plan in calls)
-    assert widths == [4096] * len(WARMUP_CHUNKS), "block tables must have the engine's row stride"
+    steps = warmup_steps(256 * n)
+    assert len(calls) == len(steps) == len(WARMUP_CHUNKS) * len(WARMUP_PASTS) and all(p.any_sparse for p in calls)
+    assert widths == [256] * len(steps), "block tables must have the engine's row stride"
+    assert max(seqs) <= 256 * n, "a context past the engine's block table would compile other variants"
+
+
+def test_warmup_steps_cover_the_launchers_tile_choices_within_the_context():
+    steps = warmup_steps(None)
+    chunks = {c for c, _ in steps}
+    pasts = {s - c for c, s in steps}
+    # query tiles: up to 16 scoring rows (3 queries x a group of 4), 17-64 (QuoKA's 33 grouped queries), more
+    assert min(chunks) * 4 <= 16 and any(16 < c <= 64 for c in chunks) and max(chunks) > 64
+    assert min(pasts) // 16 <= 32 < max(pasts) // 16, "page tiles: up to 32 past pages and more"
+    short = warmup_steps(4096)  # the engine of the GPU e2e test: contexts clamped, none dropped
+    assert len(short) == len(steps) and all(s <= 4096 for _, s in short)
+    assert all(s <= 400 for _, s in warmup_steps(400)) and warmup_steps(400)
 

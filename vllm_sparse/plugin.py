@@ -87,3 +87,6 @@ def register() -> None:
             register_backend(name, path)
     copyreg.pickle(AttentionBackendEnum, _reduce_backend_enum)
     _patch_cpu_platform()
+    from vllm_sparse.kernels.jit_trace import install_if_asked
+
+    install_if_asked()

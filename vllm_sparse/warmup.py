@@ -7,9 +7,19 @@ here: its kernels compile during vLLM's decode warm-up steps and CUDA-graph capt
 
 ``warm_up_prefill`` runs the selector, the page tables and the executor of one layer on synthetic
 sparse chunks over existing pages of its cache (read only; nothing is written to the cache), in
-the shapes whose kernel variants real chunks reach: many queries and a few, so that every
-block-size and split choice the launchers make is compiled. Kernel arguments that vary with the
-data are marked ``do_not_specialize``, so these shapes stand for all others.
+the shapes whose kernel variants real chunks reach, so that every tile and split choice the
+launchers make is compiled:
+
+- chunks of 3, 33 and 300 queries: the query tiles (up to 16 scoring rows, up to 64, more);
+- a short past (a dozen pages) and a long one (about 5,000 tokens, within the engine's
+  ``max_model_len``): the page tiles (up to 32 past pages or more) and the executor's token
+  split (none for short rows, split for long rows of few items).
+
+The synthetic block tables have the engine's row stride and every context fits in it: Triton
+specialises a kernel on whether an integer argument divides by 16, and a block table wider than
+the engine's (a context past ``max_model_len``) would compile variants no real step takes. Kernel
+arguments that vary with the data are marked ``do_not_specialize``, so these shapes stand for all
+others.
 """
 
 from __future__ import annotations
@@ -24,11 +34,25 @@ from vllm_sparse.policy import plan_step
 from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
 
-#: (chunk tokens, context tokens) of the synthetic chunks, one step each
-WARMUP_CHUNKS = ((300, 5000), (3, 5000))
+#: query tokens of the synthetic chunks
+WARMUP_CHUNKS = (300, 33, 3)
+#: past tokens before them: a short past and a long one (clamped to the engine's context)
+WARMUP_PASTS = (200, 5000)
 #: blocks of the scratch cache a layer warms up on before its real cache exists (the chunks'
 #: block tables wrap around it)
 SCRATCH_BLOCKS = 64
+
+
+def warmup_steps(max_tokens: int | None) -> list[tuple[int, int]]:
+    """``(chunk tokens, sequence tokens)`` of the synthetic steps, each sequence within ``max_tokens``
+    (None: no limit); a step that would not fit is shortened or dropped, never widened."""
+    steps = []
+    for past in WARMUP_PASTS:
+        for chunk in WARMUP_CHUNKS:
+            seq = chunk + past if max_tokens is None else min(chunk + past, max_tokens)
+            if seq - chunk >= 1 and (chunk, seq) not in steps:
+                steps.append((chunk, seq))
+    return steps
 
 
 def warm_up_prefill(
@@ -53,18 +77,19 @@ def warm_up_prefill(
         page_keys, page_values: ``[num_pages, N, D]`` views of the layer's cache (read only).
         num_heads: ``Hq``; dtype: the query dtype.
         block_table_width: columns of the engine's block table (``cdiv(max_model_len, N)``): the
-            synthetic chunks' block tables get the same row stride, because Triton specialises a
-            kernel on whether a stride divides by 16 and real steps must hit the warmed variant.
+            synthetic chunks' block tables get the same row stride and their contexts fit in it
+            (None: as wide as each chunk needs).
     """
     n, d = layout.page_size, layout.head_size
     device = page_keys.device
     num_blocks = page_keys.shape[0] // layout.num_head_slots
-    warm = dataclasses.replace(policy, dense=False, dense_below_tokens=0, force_sparse=False)
+    # sparse whatever the budget covers: a short past still reaches the small-tile variants that a
+    # force_sparse config (or a tiny budget) takes while serving
+    warm = dataclasses.replace(policy, dense=False, dense_below_tokens=0, force_sparse=True, sparse_prefill=True)
     gen = torch.Generator(device=device).manual_seed(0)
-    for chunk, ctx in WARMUP_CHUNKS:
-        seq = ctx + chunk
+    for chunk, seq in warmup_steps(block_table_width * n if block_table_width else None):
         pages = -(-seq // n)
-        width = max(pages, block_table_width or 0)
+        width = block_table_width or pages
         block_table = (torch.arange(width, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
         plan = plan_step(warm, n, [0, chunk], [seq])
         if not plan.any_sparse:
@@ -75,7 +100,7 @@ def warm_up_prefill(
         tables = build_page_tables(plan, selection, block_table, layout)
         execute(query, page_keys, page_values, tables, plan, scale, out)
         # the tables of steps without a sparse row (one table shared by the layers)
-        dense_plan = plan_step(dataclasses.replace(warm, dense=True), n, [0, chunk], [seq])
+        dense_plan = plan_step(dataclasses.replace(warm, dense=True, force_sparse=False), n, [0, chunk], [seq])
         dense_sel = empty_selection(dense_plan, layout.num_kv_heads, device)
         execute(query, page_keys, page_values, build_page_tables(dense_plan, dense_sel, block_table, layout),
                 dense_plan, scale, out)  # fmt: skip
