@@ -183,6 +183,7 @@ def mean_of_passes(passes: list[dict]) -> dict:
 def run_backend(
     label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1
 ) -> dict:
+    """One server for ``label`` (``BACKEND[+variant...]``), every load ``repeat`` times on it."""
     backend, *variants = label.split("+")
     cfg = None
     if backend.lower().startswith("sparse_"):
@@ -250,6 +251,34 @@ def collect(out: Path) -> dict:
     return doc
 
 
+def decode_throughput(m: dict) -> float | None:
+    """Tokens per second while the load's requests decode together: its concurrency over the
+    median inter-token latency (a decode step of the full batch; the mean TPOT also counts the
+    steps that prefill other requests' chunks, and output throughput counts every prefill)."""
+    itl, conc = m.get("median_itl_ms"), min(m.get("concurrency") or 0, m.get("prompts") or 0)
+    return round(conc * 1000 / itl, 1) if itl and conc else None
+
+
+def ttft_limit_ms(flash_attn_ttft_ms: float, input_len: int, budget: float, chunk: int = 8192, layers: int = 32) -> dict:
+    """Issue 11's TTFT limit of a sparse method for one prompt: FLASH_ATTN's TTFT without its
+    attention to past chunks, plus the budget's share of that attention (each chunk's attention to
+    its own tokens stays). FLASH_ATTN's attention per layer is ``a * q * (ctx + q / 2)`` with ``a``
+    fitted on CUDA-event timings of its kernel (``vllm_sparse.cost``, ``step_breakdown_gpu.py``)."""
+    from vllm_sparse.cost import COEFFICIENTS
+
+    a = COEFFICIENTS[("hopper", "quest")][0]  # us per million query-key pairs (FA3, H100)
+    past = own = 0.0
+    for start in range(0, input_len, chunk):
+        q = min(chunk, input_len - start)
+        past += a * q * start / 1e6 * layers / 1e3  # ms
+        own += a * q * q / 2 / 1e6 * layers / 1e3
+    return {
+        "flash_attn_attention_ms": round(past + own, 1),
+        "flash_attn_past_attention_ms": round(past, 1),
+        "limit_ms": round(flash_attn_ttft_ms - past * (1 - budget), 1),
+    }
+
+
 def summarise(results: dict) -> dict:
     """Per load, every backend's key metrics against FLASH_ATTN's (ratios > 1: better for throughput)."""
     table = {}
@@ -261,13 +290,24 @@ def summarise(results: dict) -> dict:
             row = table.setdefault(load, {})
             b = base.get(load, {})
             b = b if b.get("completed") else {}
-            entry = {k: m.get(k) for k in ("output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms")}
+            entry = {k: m.get(k) for k in ("output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                                           "mean_tpot_ms", "median_itl_ms")}  # fmt: skip
+            entry["decode_throughput"] = decode_throughput(m)
             if b and "error" not in b and b.get("output_throughput") and b.get("mean_ttft_ms") and b.get("mean_tpot_ms"):
                 entry["throughput_vs_flash_attn"] = round(m["output_throughput"] / b["output_throughput"], 3)
                 entry["ttft_vs_flash_attn"] = round(m["mean_ttft_ms"] / b["mean_ttft_ms"], 3)
                 entry["tpot_vs_flash_attn"] = round(m["mean_tpot_ms"] / b["mean_tpot_ms"], 3)
+                if entry["decode_throughput"] and decode_throughput(b):
+                    entry["decode_throughput_vs_flash_attn"] = round(entry["decode_throughput"] / decode_throughput(b), 3)
+            if load == "tpot128k" and label.startswith("sparse_") and base.get(load, {}).get("mean_ttft_ms"):
+                limit = ttft_limit_ms(base[load]["mean_ttft_ms"], m["input"], budget_fraction(r))
+                entry["ttft_limit"] = {**limit, "ttft_vs_limit": round(m["mean_ttft_ms"] / limit["limit_ms"], 3)}
             row[label] = entry
     return table
+
+
+def budget_fraction(run: dict) -> float:
+    return float(((run.get("sparse_config") or {}).get("budget") or {}).get("fraction", 0.125))
 
 
 def plot(path: Path) -> Path:
@@ -280,10 +320,11 @@ def plot(path: Path) -> Path:
     table = data["summary"]
     loads = [ld for ld in LOADS if ld in table]
     metrics = [("throughput_vs_flash_attn", "output throughput / FLASH_ATTN (higher is better)"),
+               ("decode_throughput_vs_flash_attn", "decode throughput / FLASH_ATTN (higher is better)"),
                ("ttft_vs_flash_attn", "mean TTFT / FLASH_ATTN (lower is better)"),
                ("tpot_vs_flash_attn", "mean TPOT / FLASH_ATTN (lower is better)")]  # fmt: skip
     labels = sorted({lb for ld in loads for lb in table[ld]}, key=lambda s: (s != "FLASH_ATTN", s))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     width = 0.8 / max(len(labels), 1)
     for ax, (key, title) in zip(axes, metrics):
         for i, lb in enumerate(labels):
@@ -307,11 +348,13 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--workdir", default="/tmp/serve_bench")
-    r.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quest,sparse_twilight,sparse_quoka")
+    r.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quest,sparse_twilight,sparse_quoka",
+                   help="comma-separated LABEL[@load/load]: BACKEND[+sparse_decode], optionally its own loads")  # fmt: skip
     r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
     r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
     r.add_argument("--port", type=int, default=8123)
     r.add_argument("--repeat-baseline", type=int, default=2, help="passes of every load on FLASH_ATTN (mean)")
+    r.add_argument("--repeat", type=int, default=1, help="passes of every load on the other backends (mean)")
     r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
     p = sub.add_parser("plot")
     p.add_argument("json")
@@ -333,11 +376,12 @@ def main() -> None:
     t_start = time.monotonic()
     doc.setdefault("commands", []).append("python " + shlex.join(sys.argv))
     doc.update(gpu=gpu_name(), versions=versions(), loads=LOADS)
-    for label in args.backends.split(","):
+    for spec in args.backends.split(","):
+        label, _, own_loads = spec.partition("@")  # LABEL@load/load: this label's loads only
         t0 = time.monotonic()
         doc["runs"][label] = run_backend(
-            label, model, out, loads, json.loads(args.sparse_config), args.port, t_start + args.deadline,
-            args.repeat_baseline if label == "FLASH_ATTN" else 1,
+            label, model, out, own_loads.split("/") if own_loads else loads, json.loads(args.sparse_config),
+            args.port, t_start + args.deadline, args.repeat_baseline if label == "FLASH_ATTN" else args.repeat,
         )
         doc["runs"][label]["wall_s"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(doc, indent=1))

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timing import Timer
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows
+from vllm_sparse.backend.flash_rows import FlashRowsExecutor
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
 from vllm_sparse.executors.flashinfer import flashinfer_executor
@@ -79,11 +80,18 @@ class Cache:
         self.k, self.v = self.layout.keys(self.cache), self.layout.values(self.cache)
 
 
-def executor_for(selector):
+def executor_for(selector, kind: str = "auto"):
+    """What the backend runs for sparse prefill rows (``auto``: vLLM's FlashAttention over the rows
+    where vLLM ships it), or the previous executors (``flashinfer``: FlashInfer for fixed counts,
+    the Triton paged kernel for Twilight's variable ones)."""
+    if kind == "auto":
+        rows = FlashRowsExecutor.create(D, N)
+        if rows is not None:
+            return rows
     return flashinfer_executor() if selector.fixed_counts else TritonPagedExecutor()
 
 
-def prefill_case(timer, dense, method, q, ctx, seed) -> dict:
+def prefill_case(timer, dense, method, q, ctx, seed, compare: bool = False) -> dict:
     c = Cache(method, 1, ctx + q, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     query = torch.randn(q, HQ, D, device="cuda", generator=g, dtype=DTYPE)
@@ -98,6 +106,7 @@ def prefill_case(timer, dense, method, q, ctx, seed) -> dict:
     policy = cfg.for_layer(1)
     selector = make_selector(cfg, SCALE)
     execute = executor_for(selector)
+    r["executor"] = type(execute).__name__
     plan = plan_step(policy, N, [0, q], [ctx + q])
     req = plan.requests[0]
     r.update(sparse=req.sparse, pages_dense=req.total_pages, pages_planned=req.num_pages)
@@ -121,6 +130,14 @@ def prefill_case(timer, dense, method, q, ctx, seed) -> dict:
 
     forward()
     r.update(select_ms=timer(select), tables_ms=timer(tables), attend_ms=timer(attend), forward_ms=timer(forward))
+    if compare:  # the previous executor on the same tables
+        before = executor_for(selector, "flashinfer")
+        if type(before) is not type(execute):
+            if getattr(before, "prepare", None) is not None:
+                before.prepare(plan, HKV, HQ // HKV, D, DTYPE, DTYPE, SCALE, query.device)
+            r[f"attend_{type(before).__name__}_ms"] = timer(
+                lambda: before(query, c.pk, c.pv, state["tab"], plan, SCALE, out)
+            )
     r["speedup"] = r["dense_ms"] / r["forward_ms"]
     return r
 
@@ -205,6 +222,7 @@ def main() -> None:
     ap.add_argument("--decode", default="1:16384,1:131072,16:16384,32:32768")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--profile", action="store_true", help="print the selection's kernel times per decode case")
+    ap.add_argument("--compare-executors", action="store_true", help="also time the previous prefill executor")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,11 +247,11 @@ def main() -> None:
         for q in map(int, args.prefill_chunks.split(",")):
             for ctx in map(int, args.prefill_contexts.split(",")):
                 seed += 1
-                r = prefill_case(timer, dense, method, q, ctx, seed)
+                r = prefill_case(timer, dense, method, q, ctx, seed, args.compare_executors)
                 results.append(r)
                 print(json.dumps(r), flush=True)
                 torch.cuda.empty_cache()
-        for spec in args.decode.split(","):
+        for spec in filter(None, args.decode.split(",")):
             b, ctx = map(int, spec.split(":"))
             seed += 1
             r = decode_case(timer, dense, method, b, ctx, seed, args.profile)

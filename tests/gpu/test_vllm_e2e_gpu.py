@@ -93,8 +93,8 @@ def test_full_budget_matches_dense(results, mode):
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 @pytest.mark.parametrize("method", e2e_gpu.FORCED_METHODS)
 def test_selection_path_with_every_page_matches_dense(results, mode, method):
-    """Every row through selection, tables and the sparse executors (prefill: FlashInfer or Triton
-    paged rows; decode: the device path, from CUDA graphs in compile mode), every page selected."""
+    """Every row through selection, tables and the sparse executors (prefill: vLLM's FlashAttention
+    over the rows; decode: the device path, from CUDA graphs in compile mode), every page selected."""
     run = results["runs"][f"{mode}_forced_{method}"]
     assert run.get("ok"), run.get("error") or run.get("log_tail")
     assert run["sparse_stats"]["sparse_rows"] > 0, run["sparse_stats"]

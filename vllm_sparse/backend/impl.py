@@ -82,8 +82,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         device_type = "cpu" if current_platform.is_cpu() else "cuda"
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
-        self.execute = self._pick_executor(device_type)
         self.block_size = vllm_config.cache_config.block_size
+        self.execute = self._pick_executor(device_type)
         self.max_model_len = mc.max_model_len if (mc := vllm_config.model_config) is not None else 0
         self.dense_prefill = None  # dense prefill steps at FLASH_ATTN's cost (GPUs with vLLM's FlashAttention)
         if device_type == "cuda" and self.config.executor != "reference":
@@ -103,10 +103,11 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
     def _pick_executor(self, device_type: str):
         """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's.
 
-        The FlashInfer executor plans fixed page counts per row; a selector whose rows vary
-        (``fixed_counts = False``: Twilight's top-p) runs on GPUs through the Triton paged executor,
-        which reads each row's length on the device (the torch reference executor, correct and
-        slow, where triton is missing).
+        On GPUs, vLLM's FlashAttention over the rows (``backend.flash_rows``: every method, the
+        rows' lengths read on the device) where vLLM ships it for this GPU; else FlashInfer, which
+        plans fixed page counts per row, and for a selector whose rows vary (``fixed_counts =
+        False``: Twilight's top-p) the Triton paged executor, which reads each row's length on the
+        device (the torch reference executor, correct and slow, where triton is missing).
         """
         if self.config.executor == "reference":
             return reference_executor
@@ -114,6 +115,12 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             from vllm_sparse.backend.cpu_attn_executor import CpuAttnExecutor
 
             return CpuAttnExecutor()
+        if device_type == "cuda":
+            from vllm_sparse.backend.flash_rows import FlashRowsExecutor
+
+            rows = FlashRowsExecutor.create(self.head_size, self.block_size)
+            if rows is not None:
+                return rows
         if device_type == "cuda" and not self.selector.fixed_counts:
             import importlib.util
 

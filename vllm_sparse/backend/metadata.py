@@ -9,8 +9,9 @@ lengths the scheduler already knows (work O(requests), nothing per layer):
   the decode kernels read every length there. That path is what vLLM captures into full CUDA
   graphs (``UNIFORM_SINGLE_TOKEN_DECODE``): one graph per batch size, replayed for any lengths;
 * the other requests (prefill chunks) get a host-planned ``StepPlan`` per layer policy
-  (``policy.plan_step``), and where the layers' executor plans per step (FlashInfer) that plan
-  is made here, so a layer's forward only selects, writes its page ids and runs.
+  (``policy.plan_step``), and where the layers' executor plans per step (the FlashAttention rows'
+  query offsets, FlashInfer's plan) that plan is made here, so a layer's forward only selects,
+  builds its page tables and runs.
 
 On CPUs (no graphs, native kernels per request) every request goes through the step plans.
 """

@@ -7,9 +7,10 @@ computed as ``q+ . kmax + q- . kmin`` (two matrix products per tile of queries a
 
 One program scores a tile of pages of one row, a row being one (slot, KV head) pair: a slot is a
 request (its queries start at ``tokens[slot]``, its pages are ``blocks[slot]``), so a single
-launch scores every decode request of a step. The program's queries are the row's ``C x G``
-(query, head of the group) pairs, flattened, so a page summary is loaded once for the whole GQA
-group. The GQA reduction and the top-k (rank merges included) stay in torch (``selectors.quest``).
+launch scores every decode request of a step. The program loads its page summaries once, then,
+for each head of the GQA group, runs over the row's queries in tiles, keeping an elementwise
+running max of the tiles' bounds that it reduces over the queries once per head (no reduction
+per tile). The GQA reduction and the top-k (rank merges included) stay in torch (``selectors.quest``).
 """
 
 from __future__ import annotations
@@ -70,26 +71,26 @@ def _quest_bounds_kernel(
         kmin = kmin.to(tl.float32)
     gi = tl.arange(0, BLOCK_G)
     best = tl.full([BLOCK_G, BLOCK_P], float("-inf"), tl.float32)
-    for i0 in range(0, num_queries * G, BLOCK_Q):
-        i = i0 + tl.arange(0, BLOCK_Q)  # flattened (query, head of the group): c * G + g
-        qm = i < num_queries * G
-        c = i // G
-        head = kv * G + i % G
-        q = tl.load(
-            q_ptr + (tok0 + c[:, None].to(tl.int64)) * stride_qc + head[:, None] * stride_qh + d[None, :],
-            mask=qm[:, None] & dm[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        qp = tl.maximum(q, 0.0).to(kmax.dtype)
-        qn = tl.minimum(q, 0.0).to(kmin.dtype)
-        if LOW_PRECISION:  # 16-bit operands: exact products, float32 sums
-            u = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
-        else:
-            u = tl.dot(qp, tl.trans(kmax), input_precision="ieee") + tl.dot(qn, tl.trans(kmin), input_precision="ieee")
-        u = tl.where(qm[:, None], u, float("-inf"))  # [BLOCK_Q, BLOCK_P]
-        for g in tl.static_range(G):  # max over the tile's queries of head g
-            ug = tl.max(tl.where((i % G == g)[:, None], u, float("-inf")), axis=0)
-            best = tl.where(gi[:, None] == g, tl.maximum(best, ug[None, :]), best)
+    for g in tl.static_range(G):
+        # an elementwise running max over the query tiles of head g, reduced over queries once
+        run = tl.full([BLOCK_Q, BLOCK_P], float("-inf"), tl.float32)
+        for c0 in range(0, num_queries, BLOCK_Q):
+            c = c0 + tl.arange(0, BLOCK_Q)
+            qm = c < num_queries
+            q = tl.load(
+                q_ptr + (tok0 + c[:, None].to(tl.int64)) * stride_qc + (kv * G + g) * stride_qh + d[None, :],
+                mask=qm[:, None] & dm[None, :],
+                other=0.0,
+            )
+            if LOW_PRECISION:  # 16-bit operands: exact products, float32 sums
+                u = tl.dot(tl.maximum(q, 0.0).to(kmax.dtype), tl.trans(kmax))
+                u += tl.dot(tl.minimum(q, 0.0).to(kmin.dtype), tl.trans(kmin))
+            else:
+                q = q.to(tl.float32)
+                u = tl.dot(tl.maximum(q, 0.0), tl.trans(kmax), input_precision="ieee")
+                u += tl.dot(tl.minimum(q, 0.0), tl.trans(kmin), input_precision="ieee")
+            run = tl.maximum(run, tl.where(qm[:, None], u, float("-inf")))
+        best = tl.where(gi[:, None] == g, tl.max(run, axis=0)[None, :], best)
     best = tl.where(pm[None, :], best, float("-inf"))
     out = out_ptr + row.to(tl.int64) * G * num_pages + gi[:, None] * num_pages + p[None, :]
     tl.store(out, best, mask=(gi[:, None] < G) & (p[None, :] < num_pages))
@@ -104,8 +105,7 @@ def _launch(q, kmin, kmax, blocks, tokens, npages, num_slots, num_queries, hkv, 
     # 16-bit operands on the GPU (Triton's interpreter multiplies 16-bit dots wrongly; the products
     # are exact either way, so both paths compute the same bounds)
     low = q.is_cuda and q.dtype == kmin.dtype and q.dtype in (torch.bfloat16, torch.float16)
-    nq = num_queries * g
-    block_q = 16 if nq <= 16 else 64
+    block_q = 16 if num_queries <= 16 else 64  # queries of one head per tile
     block_p = 64 if p > 32 else 32
     _quest_bounds_kernel[(num_slots * hkv, triton.cdiv(p, block_p))](
         q,
