@@ -75,6 +75,39 @@ def test_select_top_pages_ties_keep_the_count():
         assert set(range(10, 20)) <= set(picked) and all(30 <= p < 45 for p in picked if not 10 <= p < 20)
 
 
+def _score_rows(kind: str, shape: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+    """Random non-zero scores of a kind that stresses the radix select."""
+    if kind == "ties":  # few distinct values: long runs of ties at the k-th score
+        return torch.randint(-3, 4, shape, generator=g).float() * 0.5 + 0.25
+    if kind == "all_equal":
+        return torch.full(shape, -1.5)
+    if kind == "negative":
+        return -(torch.rand(shape, generator=g) + 0.1) * 100
+    if kind == "low_bits":  # keys that differ only in their lowest digit
+        return 1.0 + torch.randint(0, 64, shape, generator=g).float() * 2.0**-23
+    return randn(*shape, g=g) * 10.0 ** torch.randint(-30, 30, shape, generator=g).float()  # "wide"
+
+
+@in_process
+@pytest.mark.parametrize("pages", [9, 300, 2600, 5000])
+@pytest.mark.parametrize("kind", ["ties", "all_equal", "negative", "low_bits", "wide"])
+def test_select_top_pages_exact_with_ties(kind, pages):
+    """The k largest pages exactly, ties at the k-th score going to the lower pages: k = 1,
+    k = selectable - 1, every page, no page, a row of no selectable pages, and long rows (5000 pages
+    take the widest tile)."""
+    n = pages - 3  # selectable pages [1, pages - 2)
+    rows_spec = [(1, 1, pages - 2), (n - 1, 1, pages - 2), (n, 1, pages - 2), (0, 1, pages - 2), (0, 4, 4),
+                 (n // 3, 1, pages - 2), (n // 2, 0, pages)]  # fmt: skip
+    cols = _columns(rows_spec, pages)
+    scores = _score_rows(kind, (len(rows_spec) * HKV, pages), gen(pages))
+    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages)
+    want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
+    assert torch.equal(counts.cpu(), want_counts)
+    for r in range(scores.shape[0]):
+        k = int(want_counts[r])
+        assert sorted(got[r, :k].cpu().tolist()) == want[r, :k].tolist(), (r, rows_spec[r // HKV])
+
+
 def _cache(seq_lens, order="interleaved", dtype=torch.float32, seed=0, meta_slots=0):
     return make_paged_batch(seq_lens, HKV, N, D, order=order, meta_slots=meta_slots, dtype=dtype, seed=seed)
 
@@ -122,6 +155,45 @@ def test_decode_attention_matches_reference_and_brute_force(splits, dtype):
         torch.testing.assert_close(out[b : b + 1].cpu().double(), ref, rtol=3 * tol, atol=3 * tol)
 
 
+@in_process
+@pytest.mark.parametrize("splits", [40, 128])
+def test_decode_attention_many_splits(splits):
+    """More splits than the merge reads at once (32): the first row attends 2315 tokens, 37 shares
+    of 64 tokens for both split counts (the other splits are empty)."""
+    seq_lens = [64 * 40 + 7, 900, 0]
+    g = gen(17)
+    batch = _cache([max(s, 1) for s in seq_lens], seed=4)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    policy = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=64,
+                          budget={"fraction": 0.9, "min_tokens": 4, "max_tokens": None}).for_layer(1)  # fmt: skip
+    cols = torch.from_numpy(DecodeColumns([policy], N, 8, 4096, "cpu").write(np.array(seq_lens), batch.block_table)
+                            .host_columns[policy])  # fmt: skip
+    rows = len(seq_lens) * HKV
+    width = int(cols[:, SELECT].max())
+    pages = torch.zeros(rows, width, dtype=torch.int32)
+    counts = torch.zeros(rows, dtype=torch.int32)
+    for r in range(rows):
+        k, lo, hi = (int(cols[r // HKV, c]) for c in (SELECT, HEAD, TAIL))
+        pages[r, :k] = (torch.randperm(hi - lo, generator=g)[:k] + lo).int()
+        counts[r] = k
+    query = randn(len(seq_lens), HKV * G, D, g=g) * 2
+    args = (layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), batch.block_table, pages, counts)
+    want = decode_attention_reference(query, *args, cols, layout.num_head_slots, D**-0.5)
+    out = torch.full_like(query, float("nan"), device=DEVICE)
+    dev = [a.to(DEVICE) for a in args]
+    decode_attention_triton(query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits)
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_num_splits_grow_at_small_batches():
+    from vllm_sparse.kernels.decode_attention import MAX_SPLITS, PROGRAMS_PER_SM, num_splits
+
+    cpu = torch.device("cpu")  # 4 "SMs" under the interpreter
+    assert num_splits(1, cpu) == 4 * PROGRAMS_PER_SM <= MAX_SPLITS
+    assert num_splits(8, cpu) == -(-4 * PROGRAMS_PER_SM // 8)
+    assert num_splits(1000, cpu) == 1
+
+
 def _selectable_rows(seq_lens, policy):
     cols = DecodeColumns([policy], N, 16, 512, "cpu").write(np.array(seq_lens), torch.zeros(1, 1))
     return torch.from_numpy(cols.host_columns[policy])
@@ -131,7 +203,8 @@ def _selectable_rows(seq_lens, policy):
 @pytest.mark.parametrize("reduce_max", [True, False])
 def test_quest_decode_bounds_match_reference(reduce_max):
     seq_lens = [200, 3, 90]
-    policy = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET).for_layer(1)
+    cfg = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET)
+    policy = cfg.for_layer(1)
     cols = _selectable_rows(seq_lens, policy)
     batch = _cache(seq_lens, meta_slots=1, seed=5)
     g = gen(11)
@@ -259,6 +332,7 @@ def test_top_p_select_matches_sort(top_p, g):
     for row in range(r):
         c = int(want_counts[row])
         assert sorted(got_pages[row, :c].tolist()) == sorted(want_pages[row, :c].tolist())
-        assert got_pages[row, :c].tolist() == [p for p in cand[row, : int(cnt[row])].tolist() if p in set(want_pages[row, :c].tolist())]
+        kept = set(want_pages[row, :c].tolist())
+        assert got_pages[row, :c].tolist() == [p for p in cand[row, : int(cnt[row])].tolist() if p in kept]
     if top_p >= 1:
         assert torch.equal(want_counts, cnt)

@@ -1,4 +1,4 @@
-"""Merging split-KV partial attention outputs by their log-sum-exp (a Triton helper of the paged and
+"""Merging split-KV partial attention outputs by their log-sum-exp (Triton helpers of the paged and
 decode attention kernels; twin: the softmax-weighted sum in ``executors.reference``).
 
 A program that attends a share of a row's tokens stores its normalised output ``o_s`` and its
@@ -30,3 +30,29 @@ def merge_partials(part_o_ptr, part_lse_ptr, item, num_splits, BLOCK_M: tl.const
         den += w
         acc += w[:, None] * tl.load(part_o_ptr + base[:, None] * BLOCK_D + d[None, :])
     return acc / tl.where(den > 0, den, 1.0)[:, None]
+
+
+@triton.jit
+def merge_partial_vectors(part_o_ptr, part_lse_ptr, first, stride, num_splits, BLOCK_S: tl.constexpr,
+                          BLOCK_D: tl.constexpr):  # fmt: skip
+    """``float32 [BLOCK_D]``: the merged output of partials ``i = first + s * stride``
+    (``s < num_splits``), each a log-sum-exp ``part_lse_ptr[i]`` and an output vector
+    ``part_o_ptr[i * BLOCK_D:][:BLOCK_D]``. One pass over the splits, ``BLOCK_S`` at a time with a
+    running maximum, so that many splits cost few dependent loads; empty partials are not read."""
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    mx = tl.full([], float("-inf"), tl.float32)
+    den = tl.zeros([], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        i = first + (s0 + s) * stride
+        lse = tl.load(part_lse_ptr + i, mask=s0 + s < num_splits, other=float("-inf"))
+        o = tl.load(part_o_ptr + i[:, None] * BLOCK_D + d[None, :], mask=(lse > float("-inf"))[:, None], other=0.0)
+        m_new = tl.maximum(mx, tl.max(lse, 0))
+        ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        w = tl.exp2(lse - ref)
+        alpha = tl.exp2(mx - ref)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+        mx = m_new
+    return acc / tl.where(den > 0, den, 1.0)
