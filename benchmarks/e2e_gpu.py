@@ -3,7 +3,7 @@
 Every engine runs in its own subprocess (clean GPU memory; the plugin must load through its
 ``vllm.general_plugins`` entry point there and in vLLM's engine-core process).
 
-``tiny``: a small random-weight Llama (GQA 8/2, head_dim 128, bf16) written with transformers.
+``tiny``: a small random-weight Llama (GQA 8/2, head_dim 128, run in fp16) written with transformers.
 Greedy tokens of sparse_quoka with a budget covering the context must equal FLASH_ATTN's (and
 FLASHINFER's): a batch of prompts of different lengths, chunked prefill with 100-token chunks
 (chunks start inside 16-token pages), and a second batch that hits the prefix cache. Runs in
@@ -170,7 +170,7 @@ def engine_kwargs(spec: dict) -> dict:
         "model": spec["model"],
         "attention_backend": spec["backend"],
         "additional_config": spec.get("additional_config") or {},
-        "dtype": "bfloat16",
+        "dtype": spec.get("dtype", "bfloat16"),
         "block_size": spec.get("block_size", 16),
         "max_model_len": spec["max_model_len"],
         "max_num_batched_tokens": spec["max_num_batched_tokens"],
@@ -348,6 +348,11 @@ def tiny(args) -> dict:
     common = {
         "kind": "tiny",
         "model": model,
+        # float16: 8x finer rounding than bfloat16. This random model's wide logits turn the
+        # rounding noise of any two bf16 kernels (FLASHINFER and FLASH_ATTN included) into greedy
+        # flips at 1-3 ulps of the logits; in fp16 the noise floor sits far below the near-tie
+        # bound, and an attention error (a wrong or missing page) still moves logits by whole units
+        "dtype": "float16",
         "batches": batches,
         "max_tokens": 48,
         "max_model_len": 4096,

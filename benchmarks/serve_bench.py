@@ -139,28 +139,73 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
     raise TimeoutError(f"server not ready after {timeout} s")
 
 
-def bench(model: Path, port: int, load: str, out: Path, tag: str) -> dict:
+def bench_args(model: Path, port: int, load: str, out: Path, name: str) -> list[str]:
+    """The ``vllm bench serve`` arguments of one load (its result goes to ``out / name``)."""
     spec = LOADS[load]
-    name = f"{tag}_{load}.json"
-    cmd = VLLM + [
-        "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "llama8b",
+    return [
+        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "llama8b",
         "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(spec["input"]),
         "--random-output-len", str(spec["output"]), "--num-prompts", str(spec["prompts"]),
         "--max-concurrency", str(spec["concurrency"]), "--request-rate", "inf", "--ignore-eos",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
+
+
+def bench_loads(model: Path, port: int, jobs: list[tuple[str, str]], out: Path, tag: str, deadline: float) -> list:
+    """Run ``(load, result name)`` jobs in order through ``vllm bench serve``'s own entry point
+    (``vllm.benchmarks.serve.main``, what the CLI calls), all in one client process: the CLI's
+    start-up (imports, tokenizer) costs about 25 s per call. Loads past ``deadline`` are skipped.
+    Returns one result dict per job, with the equivalent CLI command."""
+    spec_path = out / f"client_{tag}.json"
+    spec_path.write_text(json.dumps({"jobs": [bench_args(model, port, ld, out, nm) for ld, nm in jobs],
+                                     "deadline_epoch": time.time() + deadline - time.monotonic()}))  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    (out / f"bench_{tag}_{load}.log").write_text(proc.stdout[-20000:] + proc.stderr[-20000:])
-    res = {"load": load, **spec, "wall_s": round(time.monotonic() - t0, 1), "command": shlex.join(cmd)}
-    path = out / name
-    if proc.returncode != 0 or not path.exists():
-        res["error"] = f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
-        return res
-    data = json.loads(path.read_text())
-    res.update({k: data.get(k) for k in METRICS})
-    return res
+    proc = subprocess.run([sys.executable, str(HERE), "client", str(spec_path)], capture_output=True, text=True,
+                          timeout=3600, check=False)  # fmt: skip
+    (out / f"bench_{tag}.log").write_text(proc.stdout[-60000:] + proc.stderr[-20000:])
+    done = json.loads(spec_path.read_text()).get("done", {})
+    results = []
+    for load, name in jobs:
+        args = bench_args(model, port, load, out, name)
+        res = {"load": load, **LOADS[load], "command": shlex.join(VLLM + ["bench", "serve"] + args)}
+        res.update(done.get(name, {}))
+        path = out / name
+        if res.get("skipped"):
+            res["error"] = "skipped: past the deadline"
+        elif not path.exists():
+            res["error"] = res.get("error") or f"rc={proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
+        else:
+            res.update({k: json.loads(path.read_text()).get(k) for k in METRICS})
+        results.append(res)
+    res_wall = round(time.monotonic() - t0, 1)
+    for r in results:
+        r["client_wall_s"] = res_wall
+    return results
+
+
+def client(spec_path: Path) -> None:
+    """The client process of ``bench_loads``: parse each job's arguments with the CLI's parser and
+    run ``vllm.benchmarks.serve.main`` on them, recording each job's wall time or error."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    doc = json.loads(spec_path.read_text())
+    doc["done"] = {}
+    for argv in doc["jobs"]:
+        name = argv[argv.index("--result-filename") + 1]
+        if time.time() > doc["deadline_epoch"]:
+            doc["done"][name] = {"skipped": True}
+            continue
+        parser = FlexibleArgumentParser()
+        add_cli_args(parser)
+        t0 = time.monotonic()
+        try:
+            main(parser.parse_args(argv))
+            doc["done"][name] = {"wall_s": round(time.monotonic() - t0, 1)}
+        except Exception as e:  # noqa: BLE001  (recorded; the next load still runs)
+            doc["done"][name] = {"error": f"{type(e).__name__}: {e}"}
+        spec_path.write_text(json.dumps(doc))
 
 
 def mean_of_passes(passes: list[dict]) -> dict:
@@ -202,11 +247,14 @@ def run_backend(
     res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "loads": {}}
     try:
         res["engine_start_s"] = round(wait_ready(port, proc, 900), 1)
+        names = {ld: [f"{tag if i == 0 else f'{tag}_pass{i + 1}'}_{ld}.json" for i in range(repeat)] for ld in loads}
+        jobs = [(ld, nm) for i in range(repeat) for ld in loads for nm in names[ld][i : i + 1]]
+        results = dict(zip((nm for _, nm in jobs), bench_loads(model, port, jobs, out, tag, deadline)))
         for load in loads:
-            if time.monotonic() > deadline:
+            passes = [results[nm] for nm in names[load]]
+            if all(p.get("error", "").startswith("skipped") for p in passes):
                 res.setdefault("skipped_loads", []).append(load)
                 continue
-            passes = [bench(model, port, load, out, tag if i == 0 else f"{tag}_pass{i + 1}") for i in range(repeat)]
             res["loads"][load] = mean_of_passes(passes)
             print(f"[{label}] {load}: {json.dumps({k: res['loads'][load].get(k) for k in METRICS[:9]})}", flush=True)
     except Exception as e:  # noqa: BLE001
@@ -360,7 +408,12 @@ def main() -> None:
     p.add_argument("json")
     c = sub.add_parser("collect")
     c.add_argument("dir")
+    cl = sub.add_parser("client", help="(internal) run bench_loads' jobs")
+    cl.add_argument("spec")
     args = ap.parse_args()
+    if args.cmd == "client":
+        client(Path(args.spec))
+        return
     if args.cmd == "plot":
         print(plot(Path(args.json)))
         return

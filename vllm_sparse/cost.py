@@ -49,13 +49,14 @@ class PrefillCost:
 
 
 #: (GPU family, method) -> (dense_a, attend_b, score_c, per_query_e, fixed_f), from
-#: benchmarks/results/step_breakdown_h100/step_breakdown_gpu.json (fit_prefill_cost.py).
-#: Measured on an H100 80GB HBM3 (vLLM 0.33's FA3, FlashInfer 0.7.2, Triton 3.6), Llama-3.1-8B layer
-#: shapes, shipped defaults at 12.5%; each fit is within about 20% of every measured point.
+#: benchmarks/results/step_breakdown_h100_flash_rows/step_breakdown_gpu.json (fit_prefill_cost.py).
+#: Measured on an H100 80GB HBM3 (vLLM 0.33's FA3 for dense chunks and for the sparse rows,
+#: Triton 3.6), Llama-3.1-8B layer shapes, shipped defaults at 12.5%; each fit is within about 20%
+#: of every measured point. ``fixed_f`` is mostly the host's launch time of the selection.
 COEFFICIENTS: dict[tuple[str, str], tuple[float, float, float, float, float]] = {
-    ("hopper", "quest"): (25.6132, 53.3865, 2.3288, 0.0000, 362.8),
-    ("hopper", "quoka"): (25.6132, 31.7050, 0.0000, 28.5862, 875.4),
-    ("hopper", "twilight"): (25.6132, 61.5743, 130.5115, 0.0000, 1143.1),
+    ("hopper", "quest"): (25.4773, 34.5099, 1.4644, 0.0000, 404.6),
+    ("hopper", "quoka"): (25.4773, 25.3204, 0.0000, 34.0694, 1022.6),
+    ("hopper", "twilight"): (25.4773, 28.4140, 70.9628, 0.0000, 1275.7),
 }
 
 #: GPU names (``torch.cuda.get_device_name``) -> the family whose table they use.
