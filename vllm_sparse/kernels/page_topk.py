@@ -7,9 +7,11 @@ lie outside that range). Every length is read on the device and the grid is one 
 so the kernel captures into a CUDA graph once and replays for any lengths.
 
 One program per row finds the k-th largest score exactly, by bisection over the scores' 32-bit
-order-preserving integer keys (32 counting passes over the row, which stays in L1/L2), then
-writes the pages above it and, in ascending page order, as many pages equal to it as ``k``
-needs. Rows asked for every selectable page skip the bisection.
+order-preserving integer keys (32 counting steps), then writes the pages above it and, in
+ascending page order, as many pages equal to it as ``k`` needs. Rows asked for every selectable
+page skip the bisection. The row's first ``BLOCK`` keys (up to ``REGISTER_TILE``, 8192 pages: a
+128K context) stay in registers across the steps, so a step is a few instructions per key rather
+than a dependent pass over memory; keys past them are re-read (L1/L2) at every step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import triton.language as tl
 
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
 
-BLOCK = 1024
+REGISTER_TILE = 8192  # keys a program keeps in registers
 
 
 @triton.jit
@@ -71,14 +73,20 @@ def _select_pages_kernel(
                 tl.store(out + (p - lo), p, mask=p < hi)
         else:
             # largest t with count(key >= t) >= k: the k-th largest key (int64 bounds, no overflow)
+            # (the first BLOCK keys stay in registers; padding gets the NaN key -2^31, below every
+            # threshold the bisection tries since k of the row's keys lie above it)
+            p = lo + tl.arange(0, BLOCK)
+            key0 = tl.where(p < hi, _key(tl.load(row_ptr + p, mask=p < hi, other=0.0)), -2147483648)
             t_lo = tl.full([], -2147483648, tl.int64)
             t_hi = tl.full([], 2147483648, tl.int64)
             for _ in range(32):
                 mid = (t_lo + t_hi) >> 1
-                enough = _count_at_least(row_ptr, lo, hi, mid, BLOCK) >= k
-                t_lo = tl.where(enough, mid, t_lo)
-                t_hi = tl.where(enough, t_hi, mid)
-            above = _count_at_least(row_ptr, lo, hi, t_lo + 1, BLOCK)
+                n = tl.sum((key0 >= mid.to(tl.int32)).to(tl.int32))
+                n += _count_at_least(row_ptr, lo + BLOCK, hi, mid, BLOCK)
+                t_lo = tl.where(n >= k, mid, t_lo)
+                t_hi = tl.where(n >= k, t_hi, mid)
+            above = tl.sum((key0 > t_lo.to(tl.int32)).to(tl.int32))
+            above += _count_at_least(row_ptr, lo + BLOCK, hi, t_lo + 1, BLOCK)
             n_above = tl.zeros([], tl.int32)
             n_equal = tl.zeros([], tl.int32)
             for p0 in range(lo, hi, BLOCK):
@@ -117,9 +125,11 @@ def select_top_pages_triton(
     if rows == 0:
         return out, counts
     assert scores.stride(-1) == 1 and columns.is_contiguous() and columns.shape[1] == NUM_COLUMNS
+    block = max(128, min(triton.next_power_of_2(scores.shape[1]), REGISTER_TILE))
     _select_pages_kernel[(rows,)](
         scores, columns, out, counts, scores.stride(0), out.stride(0),
-        HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BLOCK=BLOCK, num_warps=4,
+        HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
     )  # fmt: skip
     return out, counts
 
