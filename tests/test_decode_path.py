@@ -7,6 +7,8 @@ compiled. Every length the kernels use comes from the decode columns on the devi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -46,7 +48,7 @@ def _columns(rows: list[tuple[int, int, int]], pages: int) -> torch.Tensor:
 
 
 @in_process
-@pytest.mark.parametrize("pages", [7, 40, 2500])
+@pytest.mark.parametrize("pages", [7, 40, 2500, 9000])  # 9000: more than the kernel keeps in registers
 def test_select_top_pages_matches_topk(pages):
     g = gen(pages)
     rows_spec = [(3, 1, pages - 2), (0, 0, 0), (min(5, pages - 4), 2, pages - 1), (pages - 3, 1, pages - 2)]
@@ -314,7 +316,10 @@ def test_select_decode_matches_per_request_selection(method, extra):
 @in_process
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
 @pytest.mark.parametrize("g", [1, 3, 4])
-def test_top_p_select_matches_sort(top_p, g):
+@pytest.mark.parametrize("mode", ["mass", "mass_valid", "log_valid"])
+def test_top_p_select_matches_sort(top_p, g, mode):
+    """Masses (every column, or the row's ``num_valid``) and log-masses up to a constant per head;
+    columns past ``num_valid`` hold huge values that must not be read."""
     from vllm_sparse.kernels.top_p import top_p_select_reference, top_p_select_triton
 
     r, k, f = 6, 40, 5
@@ -322,17 +327,138 @@ def test_top_p_select_matches_sort(top_p, g):
     width = k + f
     raw = torch.rand(r, g, width, generator=gen(g)) ** 4
     col = torch.arange(width)[None, :]
-    valid = col < (cnt[:, None] + torch.where(cnt[:, None] > 0, f, 0))
-    mass = torch.where(valid[:, None, :], raw, 0.0)
-    mass = mass / mass.sum(-1, keepdim=True).clamp(min=1e-30)
+    num_valid = (cnt + torch.where(cnt > 0, torch.tensor([f, 2, 0, 5, 0, 1]), 0)).to(torch.int32)
+    valid = col < num_valid[:, None]
+    if mode == "log_valid":
+        mass = torch.where(valid[:, None, :], torch.log2(raw) + randn(r, g, 1, g=gen(1)) * 30, 1e4)
+    else:
+        mass = torch.where(valid[:, None, :], raw, 0.0 if mode == "mass" else 1e4)
+        mass = mass / torch.where(valid[:, None, :], mass, 0.0).sum(-1, keepdim=True).clamp(min=1e-30)
     cand = torch.randperm(1000, generator=gen(7))[: r * k].view(r, k).to(torch.int32)
-    got_pages, got_counts = top_p_select_triton(mass.to(DEVICE), cnt.to(DEVICE), cand.to(DEVICE), top_p)
-    want_pages, want_counts = top_p_select_reference(mass, cnt, cand, top_p)
-    assert torch.equal(got_counts.cpu(), want_counts)
+    args = (cnt, cand, top_p, None if mode == "mass" else num_valid, mode == "log_valid")
+    dev_args = [a.to(DEVICE) if torch.is_tensor(a) else a for a in args]
+    got_pages, got_counts = (t.cpu() for t in top_p_select_triton(mass.to(DEVICE), *dev_args))
+    want_pages, want_counts = top_p_select_reference(mass, *args)
+    assert torch.equal(got_counts, want_counts)
     for row in range(r):
         c = int(want_counts[row])
-        assert sorted(got_pages[row, :c].tolist()) == sorted(want_pages[row, :c].tolist())
         kept = set(want_pages[row, :c].tolist())
         assert got_pages[row, :c].tolist() == [p for p in cand[row, : int(cnt[row])].tolist() if p in kept]
     if top_p >= 1:
         assert torch.equal(want_counts, cnt)
+
+
+@in_process
+@pytest.mark.parametrize("g", [3, 4])
+def test_top_p_select_rows_wider_than_a_tile(g):
+    """Rows with more candidates than the kernel keeps in registers (the rest is re-read)."""
+    from vllm_sparse.kernels.top_p import top_p_select_reference, top_p_select_triton
+
+    k, f = 4500, 7  # 2048 candidates per head in registers (G = 3, 4)
+    cnt = torch.tensor([4500, 2100, 2048, 2049], dtype=torch.int32)
+    num_valid = cnt + f
+    lse = randn(4, g, k + f, g=gen(g)) * 3
+    cand = torch.arange(4 * k, dtype=torch.int32).view(4, k)
+    for top_p in (0.3, 0.95):
+        got_pages, got_counts = top_p_select_triton(lse, cnt, cand, top_p, num_valid, log_mass=True)
+        want_pages, want_counts = top_p_select_reference(lse, cnt, cand, top_p, num_valid, log_mass=True)
+        assert torch.equal(got_counts, want_counts) and int(want_counts.min()) > 10
+        for row in range(4):
+            c = int(want_counts[row])
+            assert got_pages[row, :c].tolist() == sorted(want_pages[row, :c].tolist())
+
+
+def _twilight_step(seq_lens, group, seed):
+    """A decode step of twilight rows (sparse, dense and padding rows): cache with its shadows,
+    columns, queries."""
+    policy = SparseConfig(method="twilight", dense_below_tokens=16, sink_tokens=4, local_tokens=12,
+                          budget=BUDGET).for_layer(1)  # fmt: skip
+    slots = MetaPlanes.for_method("twilight", HKV, N, D, torch.float32).num_slots
+    batch = _cache([max(s, 1) for s in seq_lens], meta_slots=slots, seed=seed)
+    layout, meta = _write_meta(batch, "twilight")
+    step = DecodeColumns([policy], N, 8, 512, "cpu").write(np.array(seq_lens), batch.block_table)
+    query = randn(len(seq_lens), HKV * group, D, g=gen(seed + 1)) * 2
+    return policy, layout, meta, step, query
+
+
+@in_process
+@pytest.mark.parametrize("group", [3, 4])
+@pytest.mark.parametrize("programs", [1, 3, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_page_lse_matches_twin(group, programs, dtype):
+    """The decode estimate builds each row's page list (candidates, then forced past pages) and
+    estimates it like the twins: rows with candidates below the cap, with none (dense, padding:
+    seq_len 0) and with ``SELECT > 0`` but 0 candidates; one or several programs per row; float32
+    queries (split into float16 high and low parts) and bfloat16 ones."""
+    from vllm_sparse.kernels.twilight_estimate import LOG2E, decode_page_lse_triton
+    from vllm_sparse.metadata.int4_shadow import dequantize_int4
+    from vllm_sparse.selectors.twilight import decode_row_pages, estimate_page_mass_rows, forced_cap
+
+    seq_lens = [230, 0, 160, 5, 181, 297]
+    policy, _, meta, step, query = _twilight_step(seq_lens, group, seed=17)
+    query = query.to(dtype)
+    cols, cap = step.columns[policy], step.select_caps[policy]
+    g = gen(group)
+    rows = len(seq_lens) * HKV
+    cand = torch.full((rows, cap), -7, dtype=torch.int32)  # never read past the count
+    cnt = torch.zeros(rows, dtype=torch.int32)
+    for r in range(rows):
+        k, lo, hi = (int(cols[r // HKV, c]) for c in (SELECT, HEAD, TAIL))
+        k = 0 if r == 10 else max(0, k - r % 3)  # below SELECT; row 10 (SELECT > 0) has none
+        cand[r, :k] = (torch.randperm(hi - lo, generator=g)[:k] + lo).int()
+        cnt[r] = k
+    assert int(cols[5, SELECT]) > 0 and int(cnt[10]) == 0 and int(cols[1, SELECT]) == int(cols[3, SELECT]) == 0
+    fc = forced_cap(policy, N)
+    dev = [t.to(DEVICE) for t in (query, meta.codes, meta.scale, meta.zero, step.block_table, cols, cand, cnt)]
+    lse, num_valid = decode_page_lse_triton(*dev, D**-0.5, fc, programs=programs)
+    lse, num_valid = lse.cpu(), num_valid.cpu()
+    blocks, want_valid = decode_row_pages(cand, cnt, cols, step.block_table, HKV, fc)
+    assert torch.equal(num_valid, want_valid)
+    assert torch.equal(num_valid > 0, cnt > 0) and int((cnt > 0).sum()) == 7
+    query = query.float()
+    mass = estimate_page_mass_rows(query, meta, blocks, N, D**-0.5)
+    for r in range(rows):
+        m = int(num_valid[r])
+        if not m:
+            continue
+        torch.testing.assert_close(torch.softmax(lse[r, :, :m] * math.log(2), dim=-1), mass[r, :, :m])
+        h = r % HKV
+        blk = blocks[r, :m]
+        keys = dequantize_int4(meta.codes[blk, h], meta.scale[blk, h], meta.zero[blk, h])  # [m, N, D]
+        q = query[r // HKV, h * group : (h + 1) * group]
+        logits = torch.einsum("gd,mnd->gmn", q, keys) * D**-0.5
+        torch.testing.assert_close(lse[r, :, :m], torch.logsumexp(logits, dim=-1) * LOG2E, rtol=1e-5, atol=1e-4)
+
+
+@in_process
+@pytest.mark.parametrize("group", [3, 4])
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_twilight_select_decode_matches_twins(group, top_p):
+    """Twilight's whole decode selection (Quest candidates, the in-kernel page lists, the one-pass
+    estimate, top-p over log-masses) keeps the pages of the torch twins' pipeline (page lists,
+    mass estimate, sort + cumulative sum), padding and dense rows included."""
+    from vllm_sparse.kernels.top_p import top_p_select_reference
+    from vllm_sparse.selectors.twilight import decode_row_pages, estimate_page_mass_rows, forced_cap
+
+    seq_lens = [230, 0, 160, 5, 181, 297]
+    policy, layout, meta, step, query = _twilight_step(seq_lens, group, seed=23)
+    selector = make_selector(SparseConfig(method="twilight", twilight={"top_p": top_p}), D**-0.5)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    step_dev = type(step)(**{**step.__dict__, "block_table": dev(step.block_table),
+                             "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+    meta_dev = type(meta)(*(None if t is None else dev(t) for t in meta))
+    args = (dev(query), None, layout, meta_dev, step_dev, policy)
+    pages, counts = (t.cpu() for t in selector.select_decode(*args))
+    cand, cand_counts = (t.cpu() for t in selector.base.select_decode(*args))
+    blocks, num_valid = decode_row_pages(cand, cand_counts, step.columns[policy], step.block_table, HKV,
+                                         forced_cap(policy, N))  # fmt: skip
+    mass = estimate_page_mass_rows(query, meta, blocks, N, D**-0.5)
+    want, want_counts = top_p_select_reference(mass, cand_counts, cand, top_p, num_valid)
+    sparse = cand_counts > 0
+    assert int(sparse.sum()) == 8 and bool((counts[~sparse] == 0).all())
+    assert bool((counts[sparse] < cand_counts[sparse]).any()) or top_p > 0.9
+    for r in range(len(seq_lens) * HKV):
+        got_set = set(pages[r, : int(counts[r])].tolist())
+        want_set = set(want[r, : int(want_counts[r])].tolist())
+        assert len(got_set ^ want_set) <= 1, (r, got_set, want_set)  # float sums may move the boundary
+        assert len(got_set) == int(counts[r]) and got_set <= set(cand[r, : int(cand_counts[r])].tolist())

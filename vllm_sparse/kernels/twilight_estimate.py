@@ -18,6 +18,15 @@ Two passes per row:
 2. per page, ``sum_c sum_{t in page} exp(logit - lse_c) / C``.
 
 The top-p selection (sort + cumulative sum) stays in torch (``selectors.twilight.top_p_keep``).
+
+Decode rows on the device path (``decode_page_lse_triton``, below) take one pass instead: a row
+is one query token, its page list (candidates, then forced past pages) is built in the kernel from
+the decode columns, the candidates and the block table, each page's shadow is read once for the
+G heads of the group, and each page's base-2 log-mass (the log-sum-exp of its tokens' logits) is
+written unnormalised; the top-p kernel (``kernels.top_p``) normalises it per head. The products
+run on tensor cores: the codes are exact in float16 and each query is split into float16 high
+and low parts, so ``q . code`` keeps ~22 bits with float32 accumulation (no tf32); the G heads sit
+in the 16 rows a dot needs, padding rows are zeros.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from vllm_sparse.kernels.decode_rows import programs_per_row
 
 LOG2E = 1.4426950408889634
 
@@ -305,3 +316,191 @@ def estimate_page_mass_rows_triton(
     """
     assert blocks.shape[0] == q.shape[0] * codes.shape[1]
     return _estimate(q, codes, scale, zero, blocks, softmax_scale, 1, valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode rows, every length read on the device (CUDA-graph safe)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _f16_nibbles(codes):
+    """Low and high nibbles of ``uint8`` codes as exact float16: the nibble goes into the mantissa
+    of 1024 (an OR) and 1024 is subtracted, instead of an int-to-float conversion."""
+    w = codes.to(tl.int16)
+    lo = ((w & 15) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    hi = ((w >> 4) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return lo, hi
+
+
+@triton.jit
+def _row_blocks(cand_row, bt_row, c, cm, cnt, head, tail):
+    """Physical blocks (int64) of a row's columns ``c`` (``cm``: in range): the candidates
+    ``cand_row[c]`` below ``cnt``, then the forced past pages ``[0, head) + [tail, past)``."""
+    f = c - cnt
+    page = tl.where(f < head, f, tail + f - head)
+    page = tl.where(f < 0, tl.load(cand_row + c, mask=cm & (f < 0), other=0), page)
+    return tl.load(bt_row + page, mask=cm, other=0).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["stride_bt", "stride_cr", "stride_or", "stride_og"])
+def _decode_page_lse_kernel(
+    q_ptr,
+    codes_ptr,
+    scale_ptr,
+    zero_ptr,
+    bt_ptr,
+    cols_ptr,
+    cand_ptr,
+    cnt_ptr,
+    out_ptr,
+    valid_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_cr,
+    stride_cb,
+    stride_ch,
+    stride_ct,
+    stride_sb,
+    stride_sh,
+    stride_or,
+    stride_og,
+    HKV: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    PAGE: tl.constexpr,
+    HALF_D: tl.constexpr,
+    BLOCK_HD: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+    C_PAST: tl.constexpr,
+):
+    row = tl.program_id(0)  # (request, KV head)
+    req = row // HKV
+    kv = row % HKV
+    cnt = tl.load(cnt_ptr + row)
+    head = tl.load(cols_ptr + req * NCOLS + C_HEAD)
+    tail = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    past = tl.load(cols_ptr + req * NCOLS + C_PAST)
+    nv = tl.where(cnt > 0, cnt + head + tl.maximum(past - tail, 0), 0)  # candidates + forced past pages
+    if tl.program_id(1) == 0:
+        tl.store(valid_ptr + row, nv)
+    # this program's columns: a share of [0, nv) in whole tiles (none past the row's count)
+    share = tl.cdiv(tl.cdiv(nv, tl.num_programs(1)), BLOCK_P) * BLOCK_P
+    start = tl.program_id(1) * share
+    end = tl.minimum(nv, start + share)
+    cand_row = cand_ptr + row.to(tl.int64) * stride_cr
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    out_row = out_ptr + row.to(tl.int64) * stride_or
+    # the group's queries (even and odd channels, scaled to base-2 logits) as float16 high + low
+    # parts (~22 bits of q; the codes are exact in float16, so the tensor-core products are exact)
+    gi = tl.arange(0, BLOCK_G)
+    j = tl.arange(0, BLOCK_HD)
+    qp = q_ptr + req.to(tl.int64) * stride_qt + (kv * G + gi)[:, None] * stride_qh + 2 * j[None, :]
+    qm = (gi < G)[:, None] & (j < HALF_D)[None, :]
+    qe = tl.load(qp, mask=qm, other=0.0).to(tl.float32) * qk_scale  # [BLOCK_G, BLOCK_HD]
+    qo = tl.load(qp + 1, mask=qm, other=0.0).to(tl.float32) * qk_scale
+    qsum = tl.sum(qe + qo, axis=1)
+    qe_hi = qe.to(tl.float16)
+    qo_hi = qo.to(tl.float16)
+    qe_lo = (qe - qe_hi.to(tl.float32)).to(tl.float16)
+    qo_lo = (qo - qo_hi.to(tl.float32)).to(tl.float16)
+    t = tl.arange(0, BLOCK_P * PAGE)
+    n = t % PAGE
+    for p0 in range(start, end, BLOCK_P):
+        c = p0 + t // PAGE  # each token's column
+        cm = c < end
+        blk = _row_blocks(cand_row, bt_row, c, cm, cnt, head, tail)
+        codes = tl.load(
+            codes_ptr + (blk * stride_cb + kv * stride_ch + n * stride_ct)[None, :] + j[:, None],
+            mask=cm[None, :] & (j < HALF_D)[:, None],
+            other=0,
+        )  # [BLOCK_HD, BLOCK_P * PAGE]: byte i of each token's codes = channels 2i (low), 2i + 1 (high)
+        soff = blk * stride_sb + kv * stride_sh + n
+        s = tl.load(scale_ptr + soff, mask=cm, other=0.0).to(tl.float32)
+        z = tl.load(zero_ptr + soff, mask=cm, other=0.0).to(tl.float32)
+        lo, hi = _f16_nibbles(codes)
+        dots = tl.dot(qe_hi, lo)  # q . code, float32 accumulation
+        dots = tl.dot(qo_hi, hi, dots)
+        dots = tl.dot(qe_lo, lo, dots)
+        dots = tl.dot(qo_lo, hi, dots)
+        x = dots * s[None, :] + qsum[:, None] * z[None, :]  # q . (code * s + z), [BLOCK_G, BLOCK_P * PAGE]
+        x = tl.reshape(x, (BLOCK_G, BLOCK_P, PAGE))
+        m = tl.max(x, axis=2)
+        lse = m + tl.log2(tl.sum(tl.exp2(x - m[:, :, None]), axis=2))  # [BLOCK_G, BLOCK_P]
+        cp = p0 + tl.arange(0, BLOCK_P)
+        tl.store(out_row + gi[:, None] * stride_og + cp[None, :], lse, mask=(gi < G)[:, None] & (cp < end)[None, :])
+
+
+def decode_page_lse_triton(
+    query: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    block_table: torch.Tensor,
+    columns: torch.Tensor,
+    cand: torch.Tensor,
+    cand_counts: torch.Tensor,
+    softmax_scale: float,
+    forced_cap: int,
+    block_p: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    programs: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-mass of every page a decode row estimates, in one pass over the shadows, lengths read on
+    the device.
+
+    Row ``r = request * Hkv + kv_head`` estimates its columns ``[0, num_valid[r])``: its
+    ``cnt = cand_counts[r]`` candidates ``cand[r, :cnt]``, then its forced past pages
+    ``[0, HEAD) + [TAIL, PAST)`` (none when ``cnt = 0``: dense or padding rows estimate nothing).
+    The page lists are built in the kernel (twin: ``selectors.twilight.decode_row_pages``).
+
+    Args:
+        query: ``[B, Hq, D]`` one token per decode request (last dim contiguous).
+        codes, scale, zero: the shadow planes, as for ``estimate_page_mass_triton``.
+        block_table: ``int32 [B, max_blocks]``.
+        columns: ``int32 [B, NUM_COLUMNS]`` decode columns (``policy.decode_columns``).
+        cand: ``int32 [B * Hkv, K]`` candidate pages (valid below ``cand_counts``).
+        cand_counts: ``int32 [B * Hkv]``.
+        softmax_scale: the softmax scale.
+        forced_cap: ``F`` the most forced past pages a row can have.
+        block_p, num_warps, num_stages, programs: pages per tile, warps, pipeline stages and
+            programs per row (None: defaults; programs past a row's count do nothing).
+    Returns:
+        ``(lse float32 [B * Hkv, G, K + F], num_valid int32 [B * Hkv])``: per head, the base-2
+        log-sum-exp of each page's logits ``q . k * softmax_scale * log2(e)`` over its tokens;
+        ``exp2(lse - logsumexp2(lse[r, g, :num_valid[r]]))`` is ``estimate_page_mass_rows`` of the
+        row's pages. Columns at or past ``num_valid`` are not written.
+    """
+    from vllm_sparse.policy import HEAD, NUM_COLUMNS, PAST, TAIL
+
+    b, hq, _ = query.shape
+    _, hkv, n, half = codes.shape
+    g = hq // hkv
+    rows, k = cand.shape
+    width = k + forced_cap
+    out = torch.empty(rows, g, width, dtype=torch.float32, device=query.device)
+    valid = torch.empty(rows, dtype=torch.int32, device=query.device)
+    if rows == 0:
+        return out, valid
+    assert rows == b * hkv and n & (n - 1) == 0, f"page size {n} is not a power of two"
+    assert query.stride(-1) == 1 and codes.stride(-1) == 1 and scale.stride() == zero.stride()
+    assert scale.stride(-1) == 1 and columns.is_contiguous() and block_table.stride(-1) == 1
+    assert cand.stride(-1) == 1 and cand_counts.is_contiguous()
+    block_p = block_p or max(1, 64 // n)  # tiles of 64 tokens
+    progs = programs or programs_per_row(rows, width, block_p, query.device)
+    _decode_page_lse_kernel[(rows, progs)](
+        query, codes, scale, zero, block_table, columns, cand, cand_counts, out, valid, softmax_scale * LOG2E,
+        query.stride(0), query.stride(1), block_table.stride(0), cand.stride(0), codes.stride(0), codes.stride(1),
+        codes.stride(2), scale.stride(0), scale.stride(1), out.stride(0), out.stride(1),
+        HKV=hkv, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), PAGE=n, HALF_D=half,
+        BLOCK_HD=max(16, triton.next_power_of_2(half)), BLOCK_P=block_p,
+        NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_PAST=PAST, num_warps=num_warps,
+        **({} if num_stages is None else {"num_stages": num_stages}),
+    )  # fmt: skip
+    return out, valid

@@ -238,34 +238,65 @@ class TwilightSelector:
         """See ``selectors.base.Selector.select_decode``: the base selector's candidates, pruned by
         the INT4 mass estimate to a top-p set per row (kept candidates first). Shapes are fixed by
         the step (``B``, ``K_cap`` candidates and ``F_cap`` forced past pages per row), so the same
-        launches serve every replay; each row's pages are packed at the front (its ``cnt``
-        candidates, then its forced past pages) and the estimate skips the padding behind them."""
+        launches serve every replay: the estimate builds each row's page list in the kernel (its
+        ``cnt`` candidates, then its forced past pages; twin ``decode_row_pages``) and reads each
+        page's shadow once for the whole group; the top-p kernel normalises the page log-masses."""
         from vllm_sparse.kernels.top_p import top_p_select_triton
-        from vllm_sparse.kernels.twilight_estimate import estimate_page_mass_rows_triton
+        from vllm_sparse.kernels.twilight_estimate import decode_page_lse_triton
 
         if meta is None or meta.codes is None:
             raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
         cand, cand_counts = self.base.select_decode(query, page_keys, layout, meta, step, policy)
-        hkv, n, b = layout.num_kv_heads, layout.page_size, step.num_reqs
-        cols = step.columns[policy]
-        dev = cand.device
-        k = cand.shape[1]
-        f_cap = -(-policy.sink_tokens // n) + -(-policy.local_tokens // n) + 1
-        req = torch.arange(b * hkv, device=dev) // hkv
-        head, tail, past = (cols[req, c].long()[:, None] for c in (HEAD, TAIL, PAST))
-        cnt = cand_counts.long()[:, None]
-        # the forced past pages [0, HEAD) + [TAIL, PAST) are a prefix of f = 0, 1, ...: f < fcnt
-        fcnt = torch.where(cnt > 0, head + (past - tail).clamp(min=0), 0)
-        col = torch.arange(k + f_cap, device=dev)[None, :]
-        f = col - cnt
-        page = torch.where(col < cnt, F.pad(cand, (0, f_cap)).long(), torch.where(f < head, f, tail + f - head))
-        valid = col < cnt + fcnt
-        table = step.block_table.long()
-        blocks = table[req[:, None], torch.where(valid, page, 0)].masked_fill_(~valid, -1)  # [R, K + F]
+        b = step.num_reqs
         scale = self.scale or query.shape[-1] ** -0.5
-        num_valid = (cnt + fcnt)[:, 0].to(torch.int32)
-        mass = estimate_page_mass_rows_triton(query[:b], meta.codes, meta.scale, meta.zero, blocks, scale, num_valid)
-        return top_p_select_triton(mass, cand_counts, cand, self.top_p)
+        lse, num_valid = decode_page_lse_triton(
+            query[:b], meta.codes, meta.scale, meta.zero, step.block_table, step.columns[policy], cand, cand_counts,
+            scale, forced_cap(policy, layout.page_size),
+        )  # fmt: skip
+        return top_p_select_triton(lse, cand_counts, cand, self.top_p, num_valid, log_mass=True)
+
+
+def forced_cap(policy: LayerPolicy, page_size: int) -> int:
+    """The most forced past pages (sink, local window) a decode row of ``policy`` can have."""
+    n = page_size
+    return -(-policy.sink_tokens // n) + -(-policy.local_tokens // n) + 1
+
+
+def decode_row_pages(
+    cand: torch.Tensor,
+    cand_counts: torch.Tensor,
+    columns: torch.Tensor,
+    block_table: torch.Tensor,
+    num_kv_heads: int,
+    forced_cap: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pages each decode row estimates (twin of the page lists ``decode_page_lse_triton`` builds).
+
+    Args:
+        cand: ``int [B * Hkv, K]`` candidate pages, valid below ``cand_counts``.
+        cand_counts: ``int [B * Hkv]``.
+        columns: ``int32 [B, NUM_COLUMNS]`` decode columns.
+        block_table: ``int [B, max_blocks]``.
+        num_kv_heads: ``Hkv``.
+        forced_cap: ``F`` (``forced_cap``).
+    Returns:
+        ``(blocks int64 [B * Hkv, K + F], num_valid int32 [B * Hkv])``: per row the blocks of its
+        ``cnt`` candidates, then of its forced past pages ``[0, HEAD) + [TAIL, PAST)`` (none when
+        ``cnt = 0``), then ``-1`` padding from ``num_valid`` on.
+    """
+    rows, k = cand.shape
+    dev = cand.device
+    req = torch.arange(rows, device=dev) // num_kv_heads
+    head, tail, past = (columns[req, c].long()[:, None] for c in (HEAD, TAIL, PAST))
+    cnt = cand_counts.long()[:, None]
+    # the forced past pages [0, HEAD) + [TAIL, PAST) are a prefix of f = 0, 1, ...: f < fcnt
+    fcnt = torch.where(cnt > 0, head + (past - tail).clamp(min=0), 0)
+    col = torch.arange(k + forced_cap, device=dev)[None, :]
+    f = col - cnt
+    page = torch.where(col < cnt, F.pad(cand.long(), (0, forced_cap)), torch.where(f < head, f, tail + f - head))
+    valid = col < cnt + fcnt
+    blocks = block_table.long()[req[:, None], torch.where(valid, page, 0)].masked_fill_(~valid, -1)
+    return blocks, (cnt + fcnt)[:, 0].to(torch.int32)
 
 
 @dataclass(frozen=True)
