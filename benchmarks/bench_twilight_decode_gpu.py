@@ -43,18 +43,19 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_decode_select_gpu import old_select_top_pages  # the PREVIOUS top-k (bisection), kept there
 from gpu_timing import Timer
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
-from vllm_sparse.kernels.page_topk import _count_at_least, _key, select_top_pages_triton
+from vllm_sparse.kernels.page_topk import select_top_pages_triton
 from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
 from vllm_sparse.kernels.top_p import top_p_select_triton
 from vllm_sparse.kernels.twilight_estimate import decode_page_lse_triton, estimate_page_mass_rows_triton
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
 from vllm_sparse.metadata.page_minmax import write_page_minmax
-from vllm_sparse.policy import HEAD, NUM_COLUMNS, PAST, SELECT, TAIL
+from vllm_sparse.policy import HEAD, PAST, SELECT, TAIL
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.twilight import forced_cap
 
@@ -149,61 +150,6 @@ def old_top_p_select(mass, cand_counts, cand, top_p):
         G=g, BLOCK_G=triton.next_power_of_2(g), BLOCK=OLD_BLOCK, num_warps=4,
     )  # fmt: skip
     return pages, counts
-
-
-@triton.jit(do_not_specialize=["stride_s", "stride_o"])
-def _old_select_pages_kernel(
-    scores_ptr, cols_ptr, out_ptr, count_ptr, stride_s, stride_o, HKV: tl.constexpr, NCOLS: tl.constexpr,
-    C_SELECT: tl.constexpr, C_HEAD: tl.constexpr, C_TAIL: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0)
-    req = row // HKV
-    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
-    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
-    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
-    tl.store(count_ptr + row, k)
-    if k > 0:
-        row_ptr = scores_ptr + row.to(tl.int64) * stride_s
-        out = out_ptr + row.to(tl.int64) * stride_o
-        if k >= hi - lo:
-            for p0 in range(lo, hi, BLOCK):
-                p = p0 + tl.arange(0, BLOCK)
-                tl.store(out + (p - lo), p, mask=p < hi)
-        else:
-            t_lo = tl.full([], -2147483648, tl.int64)
-            t_hi = tl.full([], 2147483648, tl.int64)
-            for _ in range(32):
-                mid = (t_lo + t_hi) >> 1
-                enough = _count_at_least(row_ptr, lo, hi, mid, BLOCK) >= k
-                t_lo = tl.where(enough, mid, t_lo)
-                t_hi = tl.where(enough, t_hi, mid)
-            above = _count_at_least(row_ptr, lo, hi, t_lo + 1, BLOCK)
-            n_above = tl.zeros([], tl.int32)
-            n_equal = tl.zeros([], tl.int32)
-            for p0 in range(lo, hi, BLOCK):
-                p = p0 + tl.arange(0, BLOCK)
-                m = p < hi
-                key = _key(tl.load(row_ptr + p, mask=m, other=0.0)).to(tl.int64)
-                gt = (key > t_lo) & m
-                eq = (key == t_lo) & m
-                pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-                tl.store(out + pos_gt, p, mask=gt)
-                pos_eq = above + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-                tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
-                n_above += tl.sum(gt.to(tl.int32))
-                n_equal += tl.sum(eq.to(tl.int32))
-
-
-def old_select_top_pages(scores, columns, num_kv_heads, k_cap):
-    """PREVIOUS ``select_top_pages_triton``."""
-    rows = scores.shape[0]
-    out = torch.empty(rows, max(k_cap, 1), dtype=torch.int32, device=scores.device)
-    counts = torch.empty(rows, dtype=torch.int32, device=scores.device)
-    _old_select_pages_kernel[(rows,)](
-        scores, columns, out, counts, scores.stride(0), out.stride(0),
-        HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BLOCK=OLD_BLOCK, num_warps=4,
-    )  # fmt: skip
-    return out, counts
 
 
 def old_row_pages(cand, cand_counts, cols, block_table, hkv, f_cap):
