@@ -193,7 +193,7 @@ def topk_case(timer, batch: int, context: int) -> dict:
 
     r = {"batch": batch, "context": context, "rows": rows, "page_cap": step.page_cap,
          "selectable": int(step.host_columns[policy][0, TAIL] - step.host_columns[policy][0, HEAD]),
-         "k": int(step.host_columns[policy][0, SELECT]), "new_num_warps": select_num_warps(step.page_cap)}  # fmt: skip
+         "k": int(step.host_columns[policy][0, SELECT]), "new_num_warps": select_num_warps(step.page_cap, batch * HKV)}  # fmt: skip
     r["old_ms"] = timer(graphed(old))
     r["new_ms"] = timer(graphed(new))
     r["speedup"] = r["old_ms"] / r["new_ms"]
