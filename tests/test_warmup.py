@@ -11,7 +11,7 @@ from vllm_sparse.config import SparseConfig
 from vllm_sparse.executors import reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.selectors import make_selector
-from vllm_sparse.warmup import WARMUP_CHUNKS, WARMUP_PASTS, warm_up_prefill, warmup_steps
+from vllm_sparse.warmup import LONG_PAST_PAGES, warm_up_prefill, warmup_steps
 
 
 @pytest.mark.parametrize("method", ["quoka", "quest", "twilight"])
@@ -38,8 +38,8 @@ def test_warm_up_runs_sparse_chunks_and_writes_no_cache(method):
         layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32, 256,
     )  # fmt: skip
     assert torch.equal(batch.kv_cache, before)
-    steps = warmup_steps(256 * n)
-    assert len(calls) == len(steps) == len(WARMUP_CHUNKS) * len(WARMUP_PASTS) and all(p.any_sparse for p in calls)
+    steps = warmup_steps(256 * n, n)
+    assert len(calls) == len(steps) and all(p.any_sparse for p in calls)
     assert widths == [256] * len(steps), "block tables must have the engine's row stride"
     assert max(seqs) <= 256 * n, "a context past the engine's block table would compile other variants"
 
@@ -51,7 +51,11 @@ def test_warmup_steps_cover_the_launchers_tile_choices_within_the_context():
     # query tiles: up to 16 scoring rows (3 queries x a group of 4), 17-64 (QuoKA's 33 grouped queries), more
     assert min(chunks) * 4 <= 16 and any(16 < c <= 64 for c in chunks) and max(chunks) > 64
     assert min(pasts) // 16 <= 32 < max(pasts) // 16, "page tiles: up to 32 past pages and more"
-    short = warmup_steps(4096)  # the engine of the GPU e2e test: contexts clamped, none dropped
-    assert len(short) == len(steps) and all(s <= 4096 for _, s in short)
+    assert any(p // 16 > 1024 for p in pasts), "Quest's wide page tiles: more than 1024 past pages"
+    for c in chunks:  # every query tile meets every page tile
+        assert {p // 16 > 1024 for p in pasts if (c, p + c) in steps} == {False, True}
+    assert max(s - c for c, s in warmup_steps(None, 32)) >= LONG_PAST_PAGES * 32  # in pages of the engine
+    short = warmup_steps(4096)  # the engine of the GPU e2e test: contexts clamped, none widened
+    assert all(s <= 4096 for _, s in short) and {c for c, _ in short} == chunks
     assert all(s <= 400 for _, s in warmup_steps(400)) and warmup_steps(400)
 

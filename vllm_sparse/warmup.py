@@ -11,9 +11,9 @@ the shapes whose kernel variants real chunks reach, so that every tile and split
 launchers make is compiled:
 
 - chunks of 3, 33 and 300 queries: the query tiles (up to 16 scoring rows, up to 64, more);
-- a short past (a dozen pages) and a long one (about 5,000 tokens, within the engine's
-  ``max_model_len``): the page tiles (up to 32 past pages or more) and the executor's token
-  split (none for short rows, split for long rows of few items).
+- a short past (a dozen pages), a long one (about 5,000 tokens) and one of 1,100 pages, each
+  within the engine's ``max_model_len``: the page tiles (up to 32 past pages, more, more than
+  1,024) and the executor's token split (none for short rows, split for long rows of few items).
 
 The synthetic block tables have the engine's row stride and every context fits in it: Triton
 specialises a kernel on whether an integer argument divides by 16, and a block table wider than
@@ -36,18 +36,20 @@ from vllm_sparse.tables import build_page_tables
 
 #: query tokens of the synthetic chunks
 WARMUP_CHUNKS = (300, 33, 3)
-#: past tokens before them: a short past and a long one (clamped to the engine's context)
+#: past tokens before them: a short past and a long one (clamped to the engine's context)...
 WARMUP_PASTS = (200, 5000)
+#: ...and one of more than 1024 past pages, where Quest's prefill bounds take wider page tiles
+LONG_PAST_PAGES = 1100
 #: blocks of the scratch cache a layer warms up on before its real cache exists (the chunks'
 #: block tables wrap around it)
 SCRATCH_BLOCKS = 64
 
 
-def warmup_steps(max_tokens: int | None) -> list[tuple[int, int]]:
+def warmup_steps(max_tokens: int | None, page_size: int = 16) -> list[tuple[int, int]]:
     """``(chunk tokens, sequence tokens)`` of the synthetic steps, each sequence within ``max_tokens``
     (None: no limit); a step that would not fit is shortened or dropped, never widened."""
     steps = []
-    for past in WARMUP_PASTS:
+    for past in (*WARMUP_PASTS, LONG_PAST_PAGES * page_size):
         for chunk in WARMUP_CHUNKS:
             seq = chunk + past if max_tokens is None else min(chunk + past, max_tokens)
             if seq - chunk >= 1 and (chunk, seq) not in steps:
@@ -87,7 +89,7 @@ def warm_up_prefill(
     # force_sparse config (or a tiny budget) takes while serving
     warm = dataclasses.replace(policy, dense=False, dense_below_tokens=0, force_sparse=True, sparse_prefill=True)
     gen = torch.Generator(device=device).manual_seed(0)
-    for chunk, seq in warmup_steps(block_table_width * n if block_table_width else None):
+    for chunk, seq in warmup_steps(block_table_width * n if block_table_width else None, n):
         pages = -(-seq // n)
         width = block_table_width or pages
         block_table = (torch.arange(width, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
