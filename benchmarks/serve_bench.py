@@ -358,14 +358,20 @@ def budget_fraction(run: dict) -> float:
     return float(((run.get("sparse_config") or {}).get("budget") or {}).get("fraction", 0.125))
 
 
-def plot(path: Path) -> Path:
+def plot(path: Path, *more: Path, png: Path | None = None) -> Path:
+    """Each backend against FLASH_ATTN, per load and metric (a PNG beside the first JSON, or
+    ``png``). Several JSONs (runs on different machines): each one's backends against its own
+    FLASH_ATTN, in one figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     data = json.loads(path.read_text())
-    table = data["summary"]
+    table = {ld: dict(row) for ld, row in data["summary"].items()}
+    for other in more:
+        for ld, row in json.loads(other.read_text())["summary"].items():
+            table.setdefault(ld, {}).update({lb: v for lb, v in row.items() if lb != "FLASH_ATTN"})
     loads = [ld for ld in LOADS if ld in table]
     metrics = [("throughput_vs_flash_attn", "output throughput / FLASH_ATTN (higher is better)"),
                ("decode_throughput_vs_flash_attn", "decode throughput / FLASH_ATTN (higher is better)"),
@@ -385,7 +391,7 @@ def plot(path: Path) -> Path:
     fig.suptitle(f"vllm serve + vllm bench serve, {data.get('gpu', '')}, Llama-3.1-8B shapes (random weights)",
                  fontsize=10)  # fmt: skip
     fig.tight_layout()
-    png = path.with_suffix(".png")
+    png = png or path.with_suffix(".png")
     fig.savefig(png, dpi=110)
     return png
 
@@ -405,7 +411,8 @@ def main() -> None:
     r.add_argument("--repeat", type=int, default=1, help="passes of every load on the other backends (mean)")
     r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
     p = sub.add_parser("plot")
-    p.add_argument("json")
+    p.add_argument("json", nargs="+", help="one serve_bench.json, or several (each against its own FLASH_ATTN)")
+    p.add_argument("--png", help="output (default: beside the first JSON)")
     c = sub.add_parser("collect")
     c.add_argument("dir")
     cl = sub.add_parser("client", help="(internal) run bench_loads' jobs")
@@ -415,7 +422,7 @@ def main() -> None:
         client(Path(args.spec))
         return
     if args.cmd == "plot":
-        print(plot(Path(args.json)))
+        print(plot(*map(Path, args.json), png=Path(args.png) if args.png else None))
         return
     if args.cmd == "collect":
         print(json.dumps(collect(Path(args.dir))["summary"], indent=1))

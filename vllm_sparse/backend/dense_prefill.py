@@ -46,6 +46,20 @@ def cache_kv_nhd(keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor
     return keys.transpose(1, 2), values.transpose(1, 2)
 
 
+def flash_attn_version(head_size: int, page_size: int) -> int | None:
+    """The FlashAttention version vLLM runs for these shapes on this GPU, with paged KV and varlen
+    queries (3 on Hopper); None where vLLM ships none (the per-row executors run then)."""
+    try:
+        from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
+
+        if not is_flash_attn_varlen_func_available():
+            return None
+        return get_flash_attn_version(head_size=head_size, kv_cache_block_size=page_size)
+    except Exception as e:  # noqa: BLE001  (no FlashAttention build for this platform)
+        logger.info("vllm-sparse: no FlashAttention for head size %d, pages of %d (%s)", head_size, page_size, e)
+        return None
+
+
 class DensePrefill:
     """vLLM's FlashAttention varlen kernel over the block table; ``None`` from ``create`` where
     vLLM ships no FlashAttention for this GPU (the per-row sparse path then runs dense rows)."""
@@ -58,18 +72,8 @@ class DensePrefill:
 
     @classmethod
     def create(cls, head_size: int, page_size: int) -> DensePrefill | None:
-        try:
-            from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
-
-            if not is_flash_attn_varlen_func_available():
-                return None
-            version = get_flash_attn_version(head_size=head_size, kv_cache_block_size=page_size)
-        except Exception as e:  # noqa: BLE001  (no FlashAttention build for this platform)
-            logger.info("vllm-sparse: no FlashAttention for dense prefill rows (%s); they run per row", e)
-            return None
-        if version is None:
-            return None
-        return cls(version)
+        version = flash_attn_version(head_size, page_size)
+        return None if version is None else cls(version)
 
     def __call__(
         self,

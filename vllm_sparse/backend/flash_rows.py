@@ -19,15 +19,14 @@ into row order, runs one FlashAttention call and scatters the rows back into ``o
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
+from vllm_sparse.backend.dense_prefill import flash_attn_version
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
 
-logger = logging.getLogger("vllm_sparse")
 _SHARED: dict[tuple[int, int], FlashRowsExecutor | None] = {}
 
 
@@ -94,15 +93,7 @@ class FlashRowsExecutor:
 
     @classmethod
     def _create(cls, head_size: int, page_size: int) -> FlashRowsExecutor | None:
-        try:
-            from vllm.v1.attention.backends.fa_utils import get_flash_attn_version, is_flash_attn_varlen_func_available
-
-            if not is_flash_attn_varlen_func_available():
-                return None
-            version = get_flash_attn_version(head_size=head_size, kv_cache_block_size=page_size)
-        except Exception as e:  # noqa: BLE001  (no FlashAttention build for this platform)
-            logger.info("vllm-sparse: no FlashAttention for sparse prefill rows (%s)", e)
-            return None
+        version = flash_attn_version(head_size, page_size)
         return None if version is None else cls(version)
 
     def prepare(
