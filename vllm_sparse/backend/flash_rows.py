@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_sparse.backend.dense_prefill import flash_attn_version
+from vllm_sparse.executors.rows import indptr, ragged_positions, row_lengths
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
 
@@ -51,20 +52,12 @@ class RowsStep:
 
 def rows_step(plan: StepPlan, num_kv_heads: int, device: torch.device) -> RowsStep:
     """Host work of one step: ``O(requests)`` numbers and three small host-to-device copies."""
-    hkv = num_kv_heads
-    q_lens = torch.tensor([r.query_len for r in plan.requests], dtype=torch.int64).repeat_interleave(hkv)
-    starts = torch.tensor([r.query_start for r in plan.requests], dtype=torch.int64).repeat_interleave(hkv)
-    cu = torch.zeros(q_lens.numel() + 1, dtype=torch.int32)
-    torch.cumsum(q_lens, 0, out=cu[1:])
-    total = int(cu[-1])
-    lens = q_lens.to(device, non_blocking=True)
-    row = torch.repeat_interleave(torch.arange(q_lens.numel(), device=device), lens, output_size=total)
-    first = torch.cumsum(lens, 0) - lens
-    within = torch.arange(total, device=device) - first[row]
+    q_lens, _, _, q_starts = row_lengths(plan, num_kv_heads)
+    row, tok = ragged_positions(q_lens, q_starts, device)
     return RowsStep(
-        cu_seqlens_q=cu.to(device, non_blocking=True),
-        tok=starts.to(device, non_blocking=True)[row] + within,
-        head=row % hkv,
+        cu_seqlens_q=indptr(q_lens).to(device, non_blocking=True),
+        tok=tok,
+        head=row % num_kv_heads,
         max_seqlen_q=max(r.query_len for r in plan.requests),
         max_seqlen_k=max(r.num_pages for r in plan.requests) * plan.page_size,
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_sparse.executors.rows import indptr, ragged_positions, row_lengths
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
 
@@ -56,33 +57,6 @@ class PlannedStep:
     tok: torch.Tensor | None
     head: torch.Tensor | None
     last_ids: torch.Tensor | None = None
-
-
-def _row_lengths(plan: StepPlan, hkv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Host ``int64 [rows]`` query tokens, pages, last-page tokens and query start of every row."""
-    n = plan.page_size
-    per_req = torch.tensor(
-        [[r.query_len, r.num_pages, r.seq_len - (r.total_pages - 1) * n, r.query_start] for r in plan.requests],
-        dtype=torch.int64,
-    ).repeat_interleave(hkv, dim=0)
-    return per_req[:, 0], per_req[:, 1], per_req[:, 2], per_req[:, 3]
-
-
-def _indptr(lengths: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
-    torch.cumsum(lengths, 0, out=out[1:])
-    return out
-
-
-def _ragged_positions(lengths: torch.Tensor, starts: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """For rows of host ``lengths``: ``(row, starts[row] + i)`` of every entry ``i < lengths[row]``,
-    built on ``device`` from the host-known total (no sync)."""
-    total = int(lengths.sum())
-    lens = lengths.to(device, non_blocking=True)
-    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lens, output_size=total)
-    first = torch.cumsum(lens, 0) - lens
-    within = torch.arange(total, device=device) - first[row]
-    return row, starts.to(device, non_blocking=True)[row] + within
 
 
 class FlashInferExecutor:
@@ -137,20 +111,20 @@ class FlashInferExecutor:
 
     def _plan(self, plan: StepPlan, key: tuple) -> PlannedStep:
         hkv, group, d, q_dtype, kv_dtype, scale, device = key
-        q_len, pages, last, q_start = _row_lengths(plan, hkv)
+        q_len, pages, last, q_start = row_lengths(plan, hkv)
         width = int(pages.max()) if pages.numel() else 0
         rows = torch.arange(pages.numel())
-        _, flat = _ragged_positions(pages, rows * width, device)
+        _, flat = ragged_positions(pages, rows * width, device)
         decode_only = bool((q_len == 1).all())
         tok = head = None
         if not decode_only:
-            row, tok = _ragged_positions(q_len, q_start, device)
+            row, tok = ragged_positions(q_len, q_start, device)
             head = row % hkv
         wrapper = self._wrapper((plan.policy,) + key, device, decode_only, group)
         indices = torch.zeros(int(pages.sum()), dtype=torch.int32, device=device)
         if decode_only:
             wrapper.plan(
-                _indptr(pages),
+                indptr(pages),
                 indices,
                 last.to(torch.int32),
                 num_qo_heads=group,
@@ -163,8 +137,8 @@ class FlashInferExecutor:
             )
         else:
             wrapper.plan(
-                _indptr(q_len),
-                _indptr(pages),
+                indptr(q_len),
+                indptr(pages),
                 indices,
                 last.to(torch.int32),
                 num_qo_heads=group,
