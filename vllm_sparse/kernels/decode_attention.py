@@ -182,6 +182,9 @@ def decode_attention_triton(
     scale: float,
     output: torch.Tensor,
     splits: int | None = None,
+    block_n: int = BLOCK_N,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> None:
     """Attend each decode request's query to its rows' selected and forced pages.
 
@@ -194,6 +197,9 @@ def decode_attention_triton(
         columns: ``int32 [B, NUM_COLUMNS]`` decode columns (``policy.decode_columns``).
         head_slots: head slots per block (page id ``block * head_slots + head``).
         splits: programs per row (default ``num_splits``).
+        block_n, num_warps, num_stages: the attention kernel's tile of tokens and launch settings
+            (tuning knobs for ``benchmarks/bench_decode_attention_tuning_gpu.py``; the defaults are
+            what serving uses).
     """
     b, hq, d = query.shape
     rows = counts.shape[0]
@@ -211,12 +217,13 @@ def decode_attention_triton(
     part_o = torch.empty(rows * splits * g, block_d, dtype=torch.float32, device=query.device)
     low = query.is_cuda and page_keys.dtype in (torch.bfloat16, torch.float16)
     consts = dict(HKV=hkv, G=g, D=d, BLOCK_D=block_d)
+    launch = {"num_warps": num_warps} | ({"num_stages": num_stages} if num_stages else {})
     _decode_attn_kernel[(rows, splits)](
         query, page_keys, page_values, block_table, pages, counts, columns, part_o, part_lse,
         scale * LOG2E, query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1),
         page_values.stride(0), page_values.stride(1), block_table.stride(0), pages.stride(0), head_slots, splits,
-        BLOCK_G=block_g, PAGE=n, BLOCK_N=BLOCK_N, NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_TOTAL=TOTAL,
-        C_LAST=LAST, LOW_PRECISION=low, num_warps=4, **consts,
+        BLOCK_G=block_g, PAGE=n, BLOCK_N=block_n, NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_TOTAL=TOTAL,
+        C_LAST=LAST, LOW_PRECISION=low, **launch, **consts,
     )  # fmt: skip
     _decode_merge_kernel[(rows, g)](
         output, part_o, part_lse, output.stride(0), output.stride(1), splits, BLOCK_S=MERGE_SPLITS, num_warps=4,
