@@ -98,7 +98,7 @@ def test_quest_window_scores_with_the_last_queries():
 
     blocks = table[0, : req.num_past_pages].long()
     q = query[req.query_start + req.query_len - window : req.query_start + req.query_len]
-    want = reduce_and_pick(_bounds(q, meta, blocks), req.forced_past_on("cpu"), req.num_select, "max", D**-0.5)
+    want = reduce_and_pick(_bounds(q, meta, blocks), req.forced_past, req.num_select, "max", D**-0.5)
     for kh in range(HKV):
         assert set(got.indices[kh, : req.num_select].tolist()) == set(want[kh].tolist())
 

@@ -128,3 +128,5 @@ def test_prefill_blocks_and_work_plan_cached_per_step():
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     ex = TritonPagedExecutor(block_n=64, num_sms=1)
     assert ex.work_plan(plan, 2, 4, torch.device(DEVICE)) is ex.work_plan(plan, 2, 4, torch.device(DEVICE))
+    assert plan.state.triton_paged.work is work  # the step's state holds it for every layer
+    assert TritonPagedExecutor(block_n=64, num_sms=8).work_plan(plan, 2, 4, torch.device(DEVICE)) is not work

@@ -68,6 +68,7 @@ def test_step_geometry_is_planned_once_per_step():
     first = ex.prepare(plan, 2, 4, 16, query.dtype, pk.dtype, 0.3, query.device)
     out = torch.empty_like(query)
     ex(query, pk, pv, tables, plan, 0.3, out)
-    assert ex.prepare(plan, 2, 4, 16, query.dtype, pk.dtype, 0.3, query.device) is first
+    assert ex.prepare(plan, 2, 4, 16, query.dtype, pk.dtype, 0.3, query.device) is first is plan.state.flash_rows
+    assert ex.prepare(plan, 1, 8, 16, query.dtype, pk.dtype, 0.3, query.device) is not first  # other shapes
     assert first.cu_seqlens_q.tolist()[-1] == 2 * sum(r.query_len for r in plan.requests)
     assert first.max_seqlen_k == max(r.num_pages for r in plan.requests) * 8

@@ -258,7 +258,7 @@ def test_decode_batch_selects_like_per_request(rule, hkv, group, dtype, monkeypa
     got = QuestSelector(rule)(*args)
     assert calls == [13]  # only the prefill chunk went one request at a time
     assert_same_selection(got, want)
-    got_again = QuestSelector(rule)(*args)  # the per-step batch cached on the plan
+    got_again = QuestSelector(rule)(*args)  # the per-step batch kept in plan.state.decode
     assert_same_selection(got_again, want)
 
 

@@ -86,12 +86,13 @@ def test_step_part_is_built_once_per_step():
     plan, sel, _, table, layout = build_case(REQS, 4, 2, 0, seed=5)
     a = build_page_tables(plan, sel, table, layout)
     rows = step_rows(plan, table, layout)
-    assert step_rows(plan, table, layout) is rows  # cached on the plan, shared by layers
+    assert step_rows(plan, table, layout) is rows is plan.state.rows  # the step's state, shared by layers
     b = build_page_tables(plan, sel, table, layout)
     assert torch.equal(a.page_ids, b.page_ids)
     dense_plan, _, _, _, _ = build_case(REQS, 4, 2, 0, seed=5, pol=policy(dense=True))
     d = build_page_tables(dense_plan, sel, table, layout)
     assert build_page_tables(dense_plan, sel, table, layout) is d  # one table for every layer
+    assert d is dense_plan.state.dense_tables
 
 
 def test_forced_pages_are_two_ranges():

@@ -17,12 +17,13 @@ Logical pages of a request are numbered from its first token: page ``p`` holds p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from vllm_sparse.config import LayerPolicy
+from vllm_sparse.step_state import StepState
 
 
 def cdiv(a: int, b: int) -> int:
@@ -56,29 +57,28 @@ class RequestPlan:
         """Pages a dense backend would attend per KV head."""
         return -(-self.seq_len // self.page_size)
 
-    def forced_on(self, device: torch.device) -> torch.Tensor:
-        """``forced`` on ``device``: copied once per step, then shared by every layer."""
-        return self._on(device, "forced", lambda: self.forced)
-
-    def forced_past_on(self, device: torch.device) -> torch.Tensor:
-        """The forced pages among the past pages (sink, local window) on ``device``: ``int64 [F']``."""
-        return self._on(device, "forced_past", lambda: self.forced[self.forced < self.num_past_pages])
-
-    def _on(self, device: torch.device, name: str, make) -> torch.Tensor:
-        cache = self.__dict__.setdefault("_device_copies", {})  # frozen dataclass: cache beside the fields
-        key = (name, str(device))
-        if key not in cache:
-            cache[key] = make().to(device)
-        return cache[key]
+    @property
+    def forced_past(self) -> torch.Tensor:
+        """The forced pages among the past pages (sink, local window), host ``int64 [F']``; on the
+        device, once per step: ``StepState.forced_past``."""
+        return self.forced[self.forced < self.num_past_pages]
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The plan of one layer policy for one scheduler step: one entry per request, in batch order."""
+    """The plan of one layer policy for one scheduler step: one entry per request, in batch order.
+
+    ``state`` (``step_state.StepState``) holds what the layers of the step derive from the plan and
+    share: device copies, the forced part of the page tables, the decode batch, executor plans.
+    """
 
     page_size: int
     requests: tuple[RequestPlan, ...]
     policy: LayerPolicy | None = None  # the layer policy it was planned for
+    state: StepState = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", StepState(self))  # frozen: set once, here
 
     @property
     def max_select(self) -> int:
@@ -87,13 +87,6 @@ class StepPlan:
     @property
     def any_sparse(self) -> bool:
         return any(r.sparse for r in self.requests)
-
-    def cached(self, key, make):
-        """``make()`` once per (step plan, key): device tensors derived from the step, shared by layers."""
-        cache = self.__dict__.setdefault("_cache", {})  # frozen dataclass: cache beside the fields
-        if key not in cache:
-            cache[key] = make()
-        return cache[key]
 
 
 #: ``sparse_pays(query_len, context_len, kept_tokens)``: whether a prefill chunk that attends

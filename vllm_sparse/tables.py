@@ -7,7 +7,7 @@ a kernel that aligns the causal mask bottom-right over the row's compacted token
 as dense attention does; the order of the fully visible past pages does not change the result.
 
 Everything that depends only on the step (which pages are forced, the rows' last-page lengths)
-is built once per step on the device (``step_rows``, cached on the ``StepPlan``) and shared by
+is built once per step on the device (``StepState.rows``, on the plan's ``state``) and shared by
 every layer; a layer adds its selected pages with a handful of batched device ops, no host loop
 over requests and no device-to-host sync. Steps without a sparse request reuse one table.
 """
@@ -74,7 +74,11 @@ class StepRows:
     block_table: torch.Tensor
 
 
-def _step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> StepRows:
+def make_step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> StepRows:
+    """The per-step part of the tables (``StepState.rows`` makes it once per step).
+
+    Args: block_table ``int [B, max_blocks]`` (device); rows ``B * Hkv`` of ``layout.num_kv_heads``.
+    """
     hkv, n = layout.num_kv_heads, layout.page_size
     device = block_table.device
     reqs = plan.requests
@@ -122,9 +126,15 @@ def _step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) ->
 
 
 def step_rows(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> StepRows:
-    """The per-step part of the tables, built once per (step plan, layout) and cached on the plan."""
-    key = ("step_rows", layout.num_kv_heads, layout.num_head_slots, block_table.data_ptr())
-    return plan.cached(key, lambda: _step_rows(plan, block_table, layout))
+    """The per-step part of the tables, made once per step and shared by layers (``StepState.rows``)."""
+    return plan.state.on(block_table, layout).rows
+
+
+def forced_only_tables(s: StepRows, page_size: int) -> PageTables:
+    """The tables of rows that select nothing: every row its forced pages (``page_ids int64 [rows,
+    width]``, ``counts``/``kv_lens int32 [rows]``); a step's one copy is ``StepState.dense_tables``."""
+    counts = s.num_forced
+    return PageTables(s.forced_ids[:, : s.width], counts, (counts - 1) * page_size + s.last_len)
 
 
 def build_page_tables(
@@ -133,15 +143,11 @@ def build_page_tables(
     """Args: block_table ``int [B, max_blocks]`` (logical page -> block); selection rows
     ``B * Hkv``; returns ``PageTables`` whose rows carry ``selection.counts[row] + F`` pages.
     """
-    s = step_rows(plan, block_table, layout)
+    state = plan.state.on(block_table, layout)
+    s = state.rows
     n = layout.page_size
     if s.max_select == 0:  # no sparse request: one table for every layer of the step
-
-        def dense() -> PageTables:
-            counts = s.num_forced
-            return PageTables(s.forced_ids[:, : s.width], counts, (counts - 1) * n + s.last_len)
-
-        return plan.cached(("dense_tables", id(s)), dense)
+        return state.dense_tables
     sel_counts = selection.counts.to(torch.int32)
     if sel_counts.is_cuda:
         from vllm_sparse.kernels.page_tables import fill_page_tables_triton

@@ -12,7 +12,8 @@ attention: the chunk's own causal part costs what it costs dense, and the select
 what their tokens cost.
 
 Plan once per step, use in every layer (``prepare``: query offsets of the rows and the gather
-positions of their query tokens, from the ``StepPlan`` on the host); a layer gathers its queries
+positions of their query tokens, from the ``StepPlan`` on the host, kept in the step's
+``StepState.flash_rows``); a layer gathers its queries
 into row order, runs one FlashAttention call and scatters the rows back into ``output``.
 ``executors.reference.reference_executor`` is the twin and test oracle.
 """
@@ -33,7 +34,8 @@ _SHARED: dict[tuple[int, int], FlashRowsExecutor | None] = {}
 
 @dataclass(frozen=True)
 class RowsStep:
-    """What ``prepare`` planned for one step plan (shared by every layer of its policy).
+    """What ``prepare`` planned for one step plan (``StepState.flash_rows``: shared by every layer of
+    its policy).
 
     Attributes:
         cu_seqlens_q: ``int32 [rows + 1]`` query offsets of the rows (request-major, ``row =
@@ -41,6 +43,7 @@ class RowsStep:
         tok, head: ``int64 [total_q]`` query token and KV head of each gathered query row.
         max_seqlen_q: the longest chunk; max_seqlen_k: tokens of the widest row (an upper bound
             for rows whose counts vary on the device).
+        made_for: ``(Hkv, device)`` it was planned for.
     """
 
     cu_seqlens_q: torch.Tensor
@@ -48,6 +51,7 @@ class RowsStep:
     head: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    made_for: tuple[int, str]
 
 
 def rows_step(plan: StepPlan, num_kv_heads: int, device: torch.device) -> RowsStep:
@@ -60,6 +64,7 @@ def rows_step(plan: StepPlan, num_kv_heads: int, device: torch.device) -> RowsSt
         head=row % num_kv_heads,
         max_seqlen_q=max(r.query_len for r in plan.requests),
         max_seqlen_k=max(r.num_pages for r in plan.requests) * plan.page_size,
+        made_for=(num_kv_heads, str(device)),
     )
 
 
@@ -100,8 +105,12 @@ class FlashRowsExecutor:
         scale: float,
         device: torch.device,
     ) -> RowsStep:
-        """The step's row geometry, made once per step plan (the metadata builder calls this)."""
-        return plan.cached(("flash_rows", num_kv_heads, str(device)), lambda: rows_step(plan, num_kv_heads, device))
+        """The step's row geometry, made once per step plan (the metadata builder calls this) and kept
+        in ``plan.state.flash_rows``."""
+        state = plan.state
+        if state.flash_rows is None or state.flash_rows.made_for != (num_kv_heads, str(device)):
+            state.flash_rows = rows_step(plan, num_kv_heads, device)
+        return state.flash_rows
 
     def __call__(
         self,

@@ -21,7 +21,6 @@ from vllm_sparse.metadata import get_kv_writer
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.selectors import make_selector
-from vllm_sparse.selectors.base import empty_selection
 from vllm_sparse.tables import build_page_tables
 
 logger = logging.getLogger("vllm_sparse")
@@ -260,32 +259,22 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         layout, page_keys, page_values = views.layout, views.page_keys, views.page_values
         block_table = attn_metadata.block_table
         plan = attn_metadata.plan_for(self.policy)  # 1 policy
+        state = plan.state.on(block_table, layout)  # what the layers of the step share
         if not plan.any_sparse and self.dense_prefill is not None and attn_metadata.dense_rows is not None:
             self.dense_prefill(query, views.keys, views.values, attn_metadata.dense_rows, self.scale, out)
         else:
             if plan.any_sparse:  # 2 select
                 selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
             else:
-                hkv = layout.num_kv_heads
-                selection = plan.cached(("no_selection", hkv), lambda: empty_selection(plan, hkv, query.device))
+                selection = state.no_selection
             tables = build_page_tables(plan, selection, block_table, layout)  # 3 tables
             self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
-        hkv = layout.num_kv_heads
-        sparse_rows, planned, dense_pages, prefill_planned, prefill_dense = plan.cached(
-            ("stats", hkv),
-            lambda: (
-                hkv * sum(r.sparse for r in plan.requests),
-                hkv * sum(r.num_pages for r in plan.requests),
-                hkv * sum(r.total_pages for r in plan.requests),
-                hkv * sum(r.num_pages for r in plan.requests if r.query_len > 1),
-                hkv * sum(r.total_pages for r in plan.requests if r.query_len > 1),
-            ),
-        )
+        counts = state.planned_pages
         # Exact counts on CPU; on a GPU the host-known plan (an upper bound for variable budgets),
         # so that counting never syncs with the device.
-        attended = planned if query.is_cuda else tables.attended_pages
-        stats.record(sparse_rows, attended, dense_pages, prefill_planned, prefill_dense)
+        attended = counts.attended if query.is_cuda else tables.attended_pages
+        stats.record(counts.sparse_rows, attended, counts.dense, counts.prefill_attended, counts.prefill_dense)
         if self.layer_idx == self.last_layer:
             stats.flush()
 

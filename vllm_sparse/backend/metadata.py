@@ -9,9 +9,12 @@ lengths the scheduler already knows (work O(requests), nothing per layer):
   the decode kernels read every length there. That path is what vLLM captures into full CUDA
   graphs (``UNIFORM_SINGLE_TOKEN_DECODE``): one graph per batch size, replayed for any lengths;
 * the other requests (prefill chunks) get a host-planned ``StepPlan`` per layer policy
-  (``policy.plan_step``), and where the layers' executor plans per step (the FlashAttention rows'
-  query offsets, FlashInfer's plan) that plan is made here, so a layer's forward only selects,
-  builds its page tables and runs.
+  (``policy.plan_step``) with its ``StepState`` (``plan.state``, ``vllm_sparse.step_state``): the
+  one object that holds what the policy's layers share during the step. Where the layers'
+  executor plans per step (the FlashAttention rows' query offsets, FlashInfer's plan) that plan
+  is made here, into the state, so a layer's forward only selects, builds its page tables and
+  runs; the state's device parts (forced pages, the tables' forced part, the decode batch) are
+  made by the first layer that reads them.
 
 On CPUs (no graphs, native kernels per request) every request goes through the step plans.
 """
@@ -76,7 +79,8 @@ class SparseAttentionMetadata:
         return len(self.seq_lens) > 0
 
     def plan_for(self, policy: LayerPolicy) -> StepPlan:
-        """The step plan of the prefill requests for a layer policy, computed once per step."""
+        """The step plan of the prefill requests for a layer policy, computed once per step; its
+        ``state`` (``StepState``) is what the layers of that policy share during the step."""
         plan = self._plans.get(policy)
         if plan is None:
             plan = self._plans[policy] = plan_step(
@@ -222,7 +226,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 max_seq_len=int(seq_cpu[nd:b].max()),
             )
         if meta.has_prefill:
-            for w in self._work:  # plan once per step, here, for every layer of the group
+            for w in self._work:  # plan once per step, here, for every layer of the group (into plan.state)
                 plan = meta.plan_for(w.policy)
                 if plan.requests and not (w.dense_call and not plan.any_sparse):
                     w.executor.prepare(

@@ -8,9 +8,9 @@ chunk's pages last (``vllm_sparse.tables``), so FlashInfer's bottom-right causal
 
 Plan once per step, use in every layer: the schedule depends only on lengths (query tokens and
 pages per row) that the ``StepPlan`` knows on the host. ``prepare`` runs FlashInfer's ``plan()``
-(the metadata builder calls it; otherwise the first layer that meets the step does) and caches
-the result on the step plan; a layer only copies its page ids into the planned index buffer, in
-place, and runs: no device-to-host sync in forward. Steps whose requests all decode one token
+(the metadata builder calls it; otherwise the first layer that meets the step does) and keeps
+the result in the step's ``StepState.flashinfer``; a layer only copies its page ids into the
+planned index buffer, in place, and runs: no device-to-host sync in forward. Steps whose requests all decode one token
 need no query regrouping: ``query [B, Hq, D]`` viewed as ``[B * Hkv, G, D]`` is already the rows'
 query, the output is written in place, and FlashInfer's decode wrapper splits long rows.
 
@@ -34,7 +34,8 @@ WORKSPACE_BYTES = 256 * 1024 * 1024
 
 @dataclass
 class PlannedStep:
-    """What ``prepare`` planned for one step plan (one layer policy of one scheduler step).
+    """What ``prepare`` planned for one step plan (one layer policy of one scheduler step), kept in
+    ``StepState.flashinfer``.
 
     Attributes:
         wrapper: a planned ``BatchPrefillWithPagedKVCacheWrapper`` (``BatchDecode...`` for
@@ -46,9 +47,11 @@ class PlannedStep:
         decode_only: every request has one query token (rows are views of the query).
         tok, head: ``int64 [total_q]`` query token and KV head of each grouped query row
             (prefill steps only).
+        made_for: ``(Hkv, G, D, q dtype, kv dtype, scale, device)`` it was planned for.
         last_ids: the ``page_ids`` tensor last copied into ``indices`` (dense steps share one).
     """
 
+    made_for: tuple
     wrapper: object
     indices: torch.Tensor
     flat: torch.Tensor
@@ -107,7 +110,10 @@ class FlashInferExecutor:
             num_kv_heads, group, head_size: ``Hkv``, ``G = Hq / Hkv`` and ``D``.
         """
         key = (num_kv_heads, group, head_size, q_dtype, kv_dtype, float(scale), torch.device(device))
-        return plan.cached(("flashinfer", key), lambda: self._plan(plan, key))
+        state = plan.state
+        if state.flashinfer is None or state.flashinfer.made_for != key:
+            state.flashinfer = self._plan(plan, key)
+        return state.flashinfer
 
     def _plan(self, plan: StepPlan, key: tuple) -> PlannedStep:
         hkv, group, d, q_dtype, kv_dtype, scale, device = key
@@ -150,7 +156,7 @@ class FlashInferExecutor:
                 q_data_type=q_dtype,
                 kv_data_type=kv_dtype,
             )
-        return PlannedStep(wrapper, indices, flat, width, decode_only, tok, head)
+        return PlannedStep(key, wrapper, indices, flat, width, decode_only, tok, head)
 
     def __call__(
         self,

@@ -3,17 +3,27 @@
 Rows whose page counts are only known on the device (Twilight's top-p rows) run without padding
 and without a host sync: the kernel (``kernels.paged_attention``) stops at ``tables.kv_lens[row]``.
 Everything host-side (work items per (row, query block), split-KV geometry) comes from the
-``StepPlan`` and is built once per step, then shared by every layer of the step.
+``StepPlan`` and is built once per step, kept in the step's ``StepState.triton_paged`` and shared
+by every layer of the step.
 Twin / test oracle: ``executors.reference.reference_executor``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from vllm_sparse.kernels.paged_attention import WorkPlan, num_sms, paged_attention_triton
 from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
+
+
+class PagedStep(NamedTuple):
+    """The executor's plan of one step (``StepState.triton_paged``)."""
+
+    made_for: tuple  # (Hkv, G, block_n, SMs, device) it was planned for
+    work: WorkPlan  # work items per (row, query block), split-KV geometry
 
 
 class TritonPagedExecutor:
@@ -24,22 +34,20 @@ class TritonPagedExecutor:
         self.num_sms = num_sms
 
     def work_plan(self, plan: StepPlan, num_kv_heads: int, group: int, device: torch.device) -> WorkPlan:
-        """The step's launch geometry (cached on the plan: built once per step, not per layer)."""
-        g_pad = 1 << (group - 1).bit_length()
-        max_q = max(r.query_len for r in plan.requests)
-        block_m = 16 if max_q * g_pad <= 16 else 64
+        """The step's launch geometry, made once per step (not per layer): ``plan.state.triton_paged``."""
         sms = self.num_sms or num_sms(device)
-        max_tokens = max(r.num_pages for r in plan.requests) * plan.page_size
-
-        def make() -> WorkPlan:
+        made_for = (num_kv_heads, group, self.block_n, sms, str(device))
+        state = plan.state
+        if state.triton_paged is None or state.triton_paged.made_for != made_for:
+            g_pad = 1 << (group - 1).bit_length()
+            max_q = max(r.query_len for r in plan.requests)
+            block_m = 16 if max_q * g_pad <= 16 else 64
+            max_tokens = max(r.num_pages for r in plan.requests) * plan.page_size
             starts = [r.query_start for r in plan.requests]
             lens = [r.query_len for r in plan.requests]
-            return WorkPlan(starts, lens, max_tokens, num_kv_heads, group, device, block_m, self.block_n, sms)
-
-        cached = getattr(plan, "cached", None)
-        if cached is None:
-            return make()
-        return cached(("triton_paged", num_kv_heads, group, self.block_n, sms, str(device)), make)
+            work = WorkPlan(starts, lens, max_tokens, num_kv_heads, group, device, block_m, self.block_n, sms)
+            state.triton_paged = PagedStep(made_for, work)
+        return state.triton_paged.work
 
     def __call__(
         self,

@@ -81,6 +81,8 @@ class Selector(Protocol):
 
 
 def empty_selection(plan: StepPlan, num_kv_heads: int, device: torch.device) -> Selection:
+    """A selection of nothing, to fill: ``indices int64 [B * Hkv, max_select]``, ``counts int32
+    [B * Hkv]``, zeros (``StepState.no_selection`` keeps one per step for layers that select nothing)."""
     rows = len(plan.requests) * num_kv_heads
     return Selection(
         torch.zeros(rows, plan.max_select, dtype=torch.int64, device=device),
@@ -105,60 +107,6 @@ def chunk_queries(query: torch.Tensor, req, window: int | None) -> torch.Tensor:
 
 
 def forced_past(req, device: torch.device) -> torch.Tensor:
-    """Forced pages among a request's past pages (sink, local window): ``int64 [F']``."""
-    return req.forced_past_on(device)
-
-
-@dataclass(frozen=True)
-class DecodeRequests:
-    """The sparse decode requests of a step (one query token each), as device columns ``int64 [nd]``;
-    built once per step and shared by the selectors' batched decode paths.
-
-    Attributes:
-        req, tokens: request index and query token.
-        past: past pages; ``[0, head_end) + [tail, past)`` are the forced ones (sink, local window).
-        num_select: pages each request selects; ``max_select``, ``max_past``: host maxima.
-    """
-
-    req: torch.Tensor
-    tokens: torch.Tensor
-    past: torch.Tensor
-    head_end: torch.Tensor
-    tail: torch.Tensor
-    num_select: torch.Tensor
-    max_select: int
-    max_past: int
-
-    def rows(self, num_kv_heads: int) -> torch.Tensor:
-        """``int64 [nd * Hkv]`` their selection rows, request-major."""
-        heads = torch.arange(num_kv_heads, device=self.req.device)
-        return (self.req[:, None] * num_kv_heads + heads[None, :]).reshape(-1)
-
-    def past_blocks(self, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(blocks int64 [nd, P_max], excluded bool [nd, P_max])``: the block of each past page
-        (padding: the last past page) and which columns are forced pages or padding."""
-        p = torch.arange(self.max_past, device=self.req.device)[None, :]
-        past = self.past[:, None]
-        excluded = (p >= past) | (p < self.head_end[:, None]) | (p >= self.tail[:, None])
-        blocks = block_table.long()[self.req[:, None], torch.minimum(p, past - 1)]
-        return blocks, excluded
-
-
-def decode_requests(plan: StepPlan, block_table: torch.Tensor) -> DecodeRequests | None:
-    """The step's sparse decode requests (``None`` if there are none); cached on the plan."""
-    return plan.cached(("decode_requests", block_table.device), lambda: _make_decode_requests(plan, block_table))
-
-
-def _make_decode_requests(plan: StepPlan, block_table: torch.Tensor) -> DecodeRequests | None:
-    reqs = [(r, q) for r, q in enumerate(plan.requests) if q.sparse and q.num_select and q.query_len == 1]
-    if not reqs:
-        return None
-    host = torch.tensor(
-        [[r, q.query_start, q.num_past_pages, q.forced_head, q.forced_tail, q.num_select] for r, q in reqs],
-        dtype=torch.int64,
-    ).to(block_table.device, non_blocking=True)
-    return DecodeRequests(
-        *(host[:, i] for i in range(6)),
-        max_select=max(q.num_select for _, q in reqs),
-        max_past=max(q.num_past_pages for _, q in reqs),
-    )
+    """Forced pages among a request's past pages (sink, local window): ``int64 [F']`` on ``device``,
+    copied at each call (a step's selectors read ``StepState.forced_past``, copied once per step)."""
+    return req.forced_past.to(device)

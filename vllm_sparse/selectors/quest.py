@@ -26,7 +26,6 @@ GQA reduction are our extensions, and sink/local pages are forced on top.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -35,7 +34,8 @@ from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import HEAD, TAIL, StepPlan
-from vllm_sparse.selectors.base import Selection, chunk_queries, decode_requests, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection
+from vllm_sparse.selectors.decode_batch import DecodeBatch
 
 GqaReduce = Literal["max", "sum", "union"]
 QUERY_BLOCK = 256  # chunk queries scored at a time (bounds the [Hkv, G, C, P] intermediate)
@@ -119,7 +119,7 @@ def _bounds(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> torch.Tens
     return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
 
 
-def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: _DecodeBatch) -> torch.Tensor:
+def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: DecodeBatch) -> torch.Tensor:
     """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA, one
     native call on CPU); entries of padding pages are unspecified (the batch excludes them)."""
     if _triton_ok(query, meta):
@@ -224,9 +224,10 @@ class QuestSelector:
         if meta is None or meta.kmin is None:
             raise ValueError("sparse_quest needs the key min/max planes (PageMeta.kmin/kmax)")
         hkv = layout.num_kv_heads
+        state = plan.state.on(block_table, layout)
         sel = empty_selection(plan, hkv, query.device)
         scale = self.scale or query.shape[-1] ** -0.5
-        batch = decode_batch(plan, block_table, hkv) if self.batch_decode else None
+        batch = state.decode if self.batch_decode else None
         if batch is not None:
             scores = _decode_bounds(query, meta, batch)  # [nd * Hkv, G, P_max]
             top = reduce_and_pick(scores, batch.excluded, batch.max_select, self.gqa_reduce, scale)
@@ -238,7 +239,7 @@ class QuestSelector:
             blocks = block_table[r, : req.num_past_pages].long()
             q = chunk_queries(query, req, self.query_window)
             scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
-            top = reduce_and_pick(scores, forced_past(req, scores.device), req.num_select, self.gqa_reduce, scale)
+            top = reduce_and_pick(scores, state.forced_past[r], req.num_select, self.gqa_reduce, scale)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
@@ -275,48 +276,3 @@ class QuestSelector:
             scale = self.scale or q.shape[-1] ** -0.5
             scores = group_scores(bounds, (p < lo) | (p >= hi), self.gqa_reduce, scale)
         return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
-
-
-@dataclass(frozen=True)
-class _DecodeBatch:
-    """The sparse decode requests of a step as slots (requests) x KV heads = rows, built once per
-    step and shared by the layers of the plan.
-
-    Attributes:
-        tokens: ``int64 [nd]`` query token of each decode request.
-        blocks: ``int64 [nd, P_max]`` physical block of each past page (padded with the last one).
-        num_pages: ``int32 [nd]`` past pages of each request.
-        rows: ``int64 [nd * Hkv]`` their selection rows.
-        excluded: ``bool [nd * Hkv, P_max]`` forced pages and padding.
-        counts: ``int32 [nd * Hkv]`` pages each row selects; ``max_select`` their maximum.
-    """
-
-    tokens: torch.Tensor
-    blocks: torch.Tensor
-    num_pages: torch.Tensor
-    rows: torch.Tensor
-    excluded: torch.Tensor
-    counts: torch.Tensor
-    max_select: int
-
-
-def decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) -> _DecodeBatch | None:
-    """The step's sparse decode requests as one batch (``None`` if there are none); cached on the plan."""
-    key = ("quest_decode", num_kv_heads, block_table.data_ptr())
-    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, num_kv_heads))
-
-
-def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
-    d = decode_requests(plan, block_table)
-    if d is None:
-        return None
-    blocks, excluded = d.past_blocks(block_table)  # [nd, P_max]
-    return _DecodeBatch(
-        tokens=d.tokens,
-        blocks=blocks.contiguous(),
-        num_pages=d.past.to(torch.int32),
-        rows=d.rows(hkv),
-        excluded=excluded.repeat_interleave(hkv, dim=0),
-        counts=d.num_select.repeat_interleave(hkv).to(torch.int32),
-        max_select=d.max_select,
-    )

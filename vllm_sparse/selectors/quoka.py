@@ -16,22 +16,13 @@ sink and local window are forced on top; see docs in README.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import StepPlan
-from vllm_sparse.selectors.base import (
-    Selection,
-    chunk_queries,
-    decode_requests,
-    empty_selection,
-    forced_past,
-    past_page_ids,
-)
+from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection, past_page_ids
 
 
 def query_mean_similarity(q: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -146,12 +137,13 @@ class QuokaSelector:
         chunks one request at a time.
         """
         hkv = layout.num_kv_heads
+        state = plan.state.on(block_table, layout)
         sel = empty_selection(plan, hkv, query.device)
-        batch = _decode_batch(plan, block_table, layout)
+        batch = state.decode
         if batch is not None:
             q = query[batch.tokens]  # [nd, Hq, D]
             qbar = group_query(q.float(), hkv).transpose(0, 1).reshape(-1, 1, q.shape[-1])  # [nd * Hkv, 1, D]
-            top = _top_pages(qbar, page_keys, batch.ids, batch.excluded, batch.max_select)
+            top = _top_pages(qbar, page_keys, batch.page_ids, batch.excluded, batch.max_select)
             sel.indices[batch.rows, : batch.max_select] = top
             sel.counts[batch.rows] = batch.counts
         for r, req in enumerate(plan.requests):
@@ -160,7 +152,7 @@ class QuokaSelector:
             q = subselect_queries(chunk_queries(query, req, self.query_window), self.num_queries)
             qbar = group_query(q.float(), hkv)
             ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
-            top = _top_pages(qbar, page_keys, ids, forced_past(req, ids.device), req.num_select)
+            top = _top_pages(qbar, page_keys, ids, state.forced_past[r], req.num_select)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
@@ -186,47 +178,3 @@ class QuokaSelector:
             query[:b], page_keys, step.block_table, cols, hkv, layout.num_head_slots, step.page_cap
         )
         return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
-
-
-@dataclass(frozen=True)
-class _DecodeBatch:
-    """The sparse decode requests of a step, as rows scored together (built once per step).
-
-    Attributes:
-        tokens: ``int64 [nd]`` query token of each decode request.
-        rows: ``int64 [nd * Hkv]`` their selection rows.
-        ids: ``int64 [nd * Hkv, P_max]`` physical past pages (padded with the row's last past page).
-        excluded: ``bool [nd * Hkv, P_max]`` forced pages and padding.
-        counts: ``int32 [nd * Hkv]`` pages each row selects; ``max_select`` their maximum.
-    """
-
-    tokens: torch.Tensor
-    rows: torch.Tensor
-    ids: torch.Tensor
-    excluded: torch.Tensor
-    counts: torch.Tensor
-    max_select: int
-
-
-def _decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> _DecodeBatch | None:
-    """The step's sparse decode requests as one batch (``None`` if there are none)."""
-    key = ("quoka_decode", layout.num_kv_heads, layout.num_head_slots, block_table.data_ptr())
-    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, layout))
-
-
-def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, layout: PageLayout) -> _DecodeBatch | None:
-    d = decode_requests(plan, block_table)
-    if d is None:
-        return None
-    hkv = layout.num_kv_heads
-    blocks, excluded = d.past_blocks(block_table)  # [nd, P_max]
-    heads = torch.arange(hkv, device=blocks.device)
-    ids = layout.page_ids(blocks[:, None, :], heads[None, :, None]).reshape(-1, d.max_past)  # [nd * Hkv, P_max]
-    return _DecodeBatch(
-        d.tokens,
-        d.rows(hkv),
-        ids,
-        excluded.repeat_interleave(hkv, dim=0),
-        d.num_select.repeat_interleave(hkv).to(torch.int32),
-        d.max_select,
-    )

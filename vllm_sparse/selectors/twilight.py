@@ -28,8 +28,6 @@ go one request at a time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -38,7 +36,8 @@ from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.metadata.int4_shadow import dequantize_int4
 from vllm_sparse.policy import HEAD, PAST, TAIL, StepPlan
-from vllm_sparse.selectors.base import Selection, Selector, chunk_queries, decode_requests, empty_selection, forced_past
+from vllm_sparse.selectors.base import Selection, Selector, chunk_queries, empty_selection
+from vllm_sparse.selectors.decode_batch import DecodeBatch
 
 QUERY_BLOCK = 128  # chunk queries estimated at a time
 
@@ -188,9 +187,10 @@ class TwilightSelector:
             raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
         cand = self.base(query, page_keys, block_table, layout, plan, meta)
         hkv, n = layout.num_kv_heads, layout.page_size
+        state = plan.state.on(block_table, layout)
         sel = empty_selection(plan, hkv, query.device)
         scale = self.scale or query.shape[-1] ** -0.5
-        batch = _decode_batch(plan, block_table, hkv) if self.batch_decode else None
+        batch = state.decode if self.batch_decode else None
         if batch is not None:
             self._decode(query, meta, batch, cand, sel, n, scale)
         for r, req in enumerate(plan.requests):
@@ -199,7 +199,7 @@ class TwilightSelector:
             rows = slice(r * hkv, (r + 1) * hkv)
             k = req.num_select
             picked = cand.indices[rows, :k]  # [Hkv, K] logical candidate pages
-            forced = forced_past(req, picked.device)
+            forced = state.forced_past[r]
             pages = torch.cat([forced[None, :].expand(hkv, -1), picked], dim=1)  # [Hkv, F + K]
             blocks = block_table[r].long()[pages]  # [Hkv, F + K]
             q = chunk_queries(query, req, self.query_window)
@@ -211,7 +211,7 @@ class TwilightSelector:
             sel.counts[rows] = keep.sum(dim=1).to(torch.int32)
         return sel
 
-    def _decode(self, query, meta, batch: _DecodeBatch, cand: Selection, sel: Selection, n: int, scale: float):
+    def _decode(self, query, meta, batch: DecodeBatch, cand: Selection, sel: Selection, n: int, scale: float):
         """Every decode row at once: rows' pages are ``[candidates | forced past pages]``, each part
         padded (block ``-1``) to the step's largest count; no host sync."""
         k = batch.max_select
@@ -297,59 +297,3 @@ def decode_row_pages(
     valid = col < cnt + fcnt
     blocks = block_table.long()[req[:, None], torch.where(valid, page, 0)].masked_fill_(~valid, -1)
     return blocks, (cnt + fcnt)[:, 0].to(torch.int32)
-
-
-@dataclass(frozen=True)
-class _DecodeBatch:
-    """The sparse decode requests of a step as rows (requests x KV heads), built once per step.
-
-    Attributes:
-        tokens: ``int64 [nd]`` query token of each decode request.
-        rows: ``int64 [nd * Hkv]`` their selection rows.
-        table: ``int64 [nd * W]`` the requests' block-table rows, flattened.
-        row_table: ``int64 [nd * Hkv]`` offset of each row's request in ``table``.
-        forced_blocks: ``int64 [nd * Hkv, F_max]`` blocks of the forced past pages (sink, local
-            window), ``-1`` padding.
-        cand_valid: ``bool [nd * Hkv, K_max]`` candidate columns of each row (``< num_select``).
-        max_select: ``K_max``.
-    """
-
-    tokens: torch.Tensor
-    rows: torch.Tensor
-    table: torch.Tensor
-    row_table: torch.Tensor
-    forced_blocks: torch.Tensor
-    cand_valid: torch.Tensor
-    max_select: int
-
-
-def _decode_batch(plan: StepPlan, block_table: torch.Tensor, num_kv_heads: int) -> _DecodeBatch | None:
-    key = ("twilight_decode", num_kv_heads, block_table.data_ptr())
-    return plan.cached(key, lambda: _make_decode_batch(plan, block_table, num_kv_heads))
-
-
-def _make_decode_batch(plan: StepPlan, block_table: torch.Tensor, hkv: int) -> _DecodeBatch | None:
-    d = decode_requests(plan, block_table)
-    if d is None:
-        return None
-    device = block_table.device
-    # forced past pages of a request: [0, forced_head) + [forced_tail, num_past_pages)
-    reqs = [q for q in plan.requests if q.sparse and q.num_select and q.query_len == 1]
-    f_max = max(q.forced_head + max(0, q.num_past_pages - q.forced_tail) for q in reqs)
-    k_max = d.max_select
-    table = block_table.long()[d.req]  # [nd, W]
-    width = table.shape[1]
-    f = torch.arange(f_max, device=device)[None, :]
-    page = torch.where(f < d.head_end[:, None], f, d.tail[:, None] + f - d.head_end[:, None])
-    fvalid = page < d.past[:, None]
-    forced = table.gather(1, torch.where(fvalid, page, 0)).masked_fill_(~fvalid, -1)  # [nd, F_max]
-    slot = torch.arange(len(reqs), device=device)
-    return _DecodeBatch(
-        tokens=d.tokens,
-        rows=d.rows(hkv),
-        table=table.reshape(-1),
-        row_table=(slot * width).repeat_interleave(hkv),
-        forced_blocks=forced.repeat_interleave(hkv, dim=0),
-        cand_valid=(torch.arange(k_max, device=device)[None, :] < d.num_select[:, None]).repeat_interleave(hkv, dim=0),
-        max_select=k_max,
-    )
