@@ -26,7 +26,7 @@ from vllm_sparse.kernels import cpu_native
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.policy import plan_step
-from vllm_sparse.selectors.quest import QuestSelector, _bounds, _decode_bounds, decode_batch
+from vllm_sparse.selectors.quest import QuestSelector, _bounds, _decode_bounds
 
 
 def bench_case(ctx, chunk, fraction, hq, hkv, d, n, reps) -> dict:
@@ -51,7 +51,7 @@ def bench_case(ctx, chunk, fraction, hq, hkv, d, n, reps) -> dict:
         state["sel"] = selector(query, pk, block_table, layout, plan, meta)
 
     if chunk == 1:
-        batch = decode_batch(plan, block_table, hkv)
+        batch = plan.state.on(block_table, layout).decode
 
         def bounds():
             state["u"] = _decode_bounds(query, meta, batch)

@@ -6,7 +6,7 @@ tokens read on the device, so rows of different lengths (Twilight's top-p rows) 
 and no host sync. The causal mask is bottom-right aligned over the compacted tokens (see
 ``tables``): query ``i`` of a chunk of ``C`` sees compacted token ``j`` when ``j <= kv_len - C + i``.
 
-Work items (host-planned once per step from the plan's query lengths, cached on the ``StepPlan``):
+Work items (host-planned once per step from the plan's query lengths, kept on the step's ``StepState``):
 one per (row, query block), a query block being ``BLOCK_M`` rows of (token, query head of the
 row's GQA group) pairs, so the G heads sharing a KV head share every K/V tile. Each program runs
 an online softmax (base 2) over ``BLOCK_N`` tokens at a time, K and V gathered in place through
