@@ -1,0 +1,112 @@
+"""The serving targets of issues 11 and 18, checked against the mean of several `serve_bench` runs.
+
+Each run is a ``serve_bench.json`` whose ratios are to the FLASH_ATTN measured on the same machine
+in the same run; a backend's value is the mean of its runs' ratios. Writes ``targets.json`` (every
+target, the runs' values, their mean, met or not) and prints one line per target.
+
+    python benchmarks/serve_targets.py --out benchmarks/results/serve_bench_h100_session8/targets.json
+"""
+
+import argparse
+import json
+import shlex
+import sys
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--out", required=True)
+OUT = ap.parse_args().out
+
+R = "benchmarks/results/"
+runs = {
+    "s8_run1": R + "serve_bench_h100_session8/run1/serve_bench.json",
+    "s8_run2": R + "serve_bench_h100_session8/run2/serve_bench.json",
+    "s7_run2": R + "serve_bench_h100_session7/run2_twilight/serve_bench.json",
+}
+use = {
+    "sparse_quest": ["s8_run1", "s8_run2"],
+    "sparse_twilight": ["s7_run2", "s8_run2"],
+    "sparse_quoka": ["s8_run1"],
+    "sparse_quoka+sparse_decode": ["s8_run1"],
+    "FLASHINFER": ["s8_run1"],
+}
+docs = {k: json.load(open(v))["summary"] for k, v in runs.items()}
+targets = [
+    (
+        "decode16",
+        "decode_throughput_vs_flash_attn",
+        {
+            "sparse_quest": (">=", 2.0),
+            "sparse_twilight": (">=", 1.5),
+            "sparse_quoka": (">=", 0.95),
+            "sparse_quoka+sparse_decode": (">=", 1.5),
+        },
+    ),
+    (
+        "tpot128k",
+        "tpot_vs_flash_attn",
+        {"sparse_quest": ("<=", 0.6), "sparse_twilight": ("<=", 0.75), "sparse_quoka": ("<=", 1.05)},
+    ),
+    (
+        "tpot128k",
+        "ttft_vs_limit",
+        {
+            "sparse_quest": ("<=", 1.1),
+            "sparse_twilight": ("<=", 1.1),
+            "sparse_quoka": ("<=", 1.1),
+            "sparse_quoka+sparse_decode": ("<=", 1.1),
+        },
+    ),
+    (
+        "A",
+        "throughput_vs_flash_attn",
+        {"sparse_quest": (">=", 1.05), "sparse_quoka": (">=", 1.05), "sparse_twilight": (">=", 1.0)},
+    ),
+    (
+        "A",
+        "ttft_vs_flash_attn",
+        {"sparse_quest": ("<=", 0.95), "sparse_quoka": ("<=", 0.95), "sparse_twilight": ("<=", 1.0)},
+    ),
+    (
+        "B",
+        "throughput_vs_flash_attn",
+        {"sparse_quest": (">=", 1.5), "sparse_quoka": (">=", 1.5), "sparse_twilight": (">=", 1.3)},
+    ),
+    ("B", "ttft_vs_flash_attn", {"sparse_quest": ("<=", 0.7), "sparse_quoka": ("<=", 0.7)}),
+    ("C", "ttft_vs_flash_attn", {b: ("<=", 1.0) for b in ["sparse_quest", "sparse_twilight", "sparse_quoka"]}),
+    ("C", "tpot_vs_flash_attn", {b: ("<=", 1.1) for b in ["sparse_quest", "sparse_twilight", "sparse_quoka"]}),
+    ("C", "p99_over_median_ttft", {b: ("<=", 1.2) for b in ["sparse_quest", "sparse_twilight", "sparse_quoka"]}),
+]
+rows = []
+for load, metric, tg in targets:
+    for b, (op, t) in tg.items():
+        vals = []
+        for r in use[b]:
+            m = docs[r].get(load, {}).get(b)
+            if m is None:
+                continue
+            if metric == "ttft_vs_limit":
+                v = m.get("ttft_limit", {}).get("ttft_vs_limit")
+            elif metric == "p99_over_median_ttft":
+                v = m["p99_ttft_ms"] / m["median_ttft_ms"]
+            else:
+                v = m.get(metric)
+            if v is not None:
+                vals.append(round(v, 3))
+        mean = round(sum(vals) / len(vals), 3) if vals else None
+        ok = None if mean is None else (mean >= t if op == ">=" else mean <= t)
+        rows.append(
+            {"load": load, "metric": metric, "backend": b, "target": f"{op} {t}", "runs": vals, "mean": mean, "met": ok}
+        )
+out = {
+    "what": "Targets of issues 11 and 18 against the mean of the runs named (each run a ratio to FLASH_ATTN measured on the same machine, same session); H100 80GB HBM3, vLLM 0.33 default mode, Llama-3.1-8B shapes with random weights, 12.5% budget, shipped defaults",
+    "runs": runs,
+    "runs_used": use,
+    "command": "python " + shlex.join(sys.argv),
+    "run_commands": "each serve_bench.json: commands",
+    "rows": rows,
+}
+json.dump(out, open(OUT, "w"), indent=1)
+for r in rows:
+    print(
+        f"{r['load']:9s} {r['metric']:32s} {r['backend']:28s} {r['target']:7s} {r['runs']} mean {r['mean']} {'MET' if r['met'] else 'missed'}"
+    )
