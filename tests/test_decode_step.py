@@ -63,3 +63,37 @@ def test_buffers_keep_their_address_and_zero_padding_rows():
     assert second.block_table.shape[0] == 2 and second.selects(policies[1]) and not second.selects(policies[0])
     with pytest.raises(ValueError, match="exceed"):
         buf.write(np.ones(9, dtype=np.int64), table)
+
+
+def test_steps_below_the_break_even_decode_dense():
+    """A step whose decode rows add up to fewer past tokens than ``min_sparse_tokens`` gets dense
+    columns (every page, nothing to select) where the config leaves decode to the method; at or
+    above it, the policy's own; configs that ask for sparse decode (or force it) keep selecting;
+    the buffers and the captured launches stay the same either way."""
+    quest = SparseConfig(method="quest").for_layer(1)
+    assert quest.decode_by_cost
+    asked = SparseConfig(method="quest", sparse_decode=True).for_layer(1)
+    forced = SparseConfig(method="quest", force_sparse=True).for_layer(1)
+    assert not asked.decode_by_cost and not forced.decode_by_cost
+    assert not SparseConfig(method="quoka").for_layer(1).decode_by_cost
+    buf = DecodeColumns([quest, asked, forced], 16, 4, 65536, "cpu", min_sparse_tokens=32768)
+    table = torch.zeros(4, 4096, dtype=torch.int32)
+    small = buf.write(np.array([16001]), table)  # 16,000 past tokens: below
+    c = small.host_columns[quest][0]
+    assert c[SELECT] == 0 and c[HEAD] == 0 and c[TAIL] == 0 and c[TOTAL] == -(-16001 // 16)
+    assert small.host_columns[forced][0, SELECT] > 0 and small.host_columns[asked][0, SELECT] > 0
+    assert small.selects(quest)  # the launches a graph captured do not depend on the step
+    big = buf.write(np.array([16385, 16385, 1]), table)  # 2 x 16,384 + 0 past tokens: at the break-even
+    assert (big.host_columns[quest][:2, SELECT] > 0).all() and big.host_columns[quest][2, SELECT] == 0
+    alone = buf.write(np.array([40001]), table)
+    assert alone.host_columns[quest][0, SELECT] > 0
+    assert np.array_equal(alone.host_columns[quest], decode_columns(quest, 16, np.array([40001])))
+    assert DecodeColumns([quest], 16, 4, 65536, "cpu").write(np.array([16001]), table).host_columns[quest][0, SELECT] > 0
+
+
+def test_decode_break_even_per_gpu_and_method():
+    from vllm_sparse.cost import decode_break_even_tokens
+
+    assert decode_break_even_tokens("quest", "NVIDIA H100 80GB HBM3") == 32768
+    assert decode_break_even_tokens("twilight", "NVIDIA H200") == 32768
+    assert decode_break_even_tokens("quest", "NVIDIA A100-SXM4-80GB") == 0  # no table: the config decides

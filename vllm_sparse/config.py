@@ -122,7 +122,10 @@ class SparseConfig(_Strict):
     dense_below_tokens: int = Field(4096, ge=0)
     # Decode steps (one query token) sparse or dense; None: the method's default, dense for QuoKA
     # (its scoring reads every past key, so a decode step saves little and pays the selection;
-    # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata).
+    # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata)
+    # where it pays: on GPUs with a measured break-even (``cost.decode_break_even_tokens``) a step
+    # whose decode rows add up to fewer past tokens decodes dense; True: every decode row past
+    # ``dense_below_tokens`` sparse; False: decode dense.
     sparse_decode: bool | None = None
     # Prefill chunks sparse or dense; None: decided per chunk from cost (``vllm_sparse.cost``: on
     # GPUs with a measured cost table a chunk runs sparse only where the modelled sparse time,
@@ -187,6 +190,7 @@ class SparseConfig(_Strict):
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
             sparse_decode=self.method != "quoka" if self.sparse_decode is None else self.sparse_decode,
+            decode_by_cost=self.sparse_decode is None and self.method != "quoka" and not self.force_sparse,
             force_sparse=self.force_sparse,
             sparse_prefill=self.sparse_prefill,
         )
@@ -206,6 +210,9 @@ class LayerPolicy:
     # rows may then come back with fewer (``Selection.counts``).
     select_fraction: float | None = None
     sparse_decode: bool = True  # False: decode steps (query length 1) run dense
+    # True: decode steps run sparse only where the GPU's measured break-even says it pays
+    # (``decode_step.DecodeColumns``); False: wherever ``sparse_decode`` and the thresholds say
+    decode_by_cost: bool = False
     force_sparse: bool = False  # True: a covering budget selects every page instead of running dense
     sparse_prefill: bool | None = None  # None: the cost model decides per chunk; False: prefill dense
 

@@ -77,3 +77,26 @@ def prefill_cost(config: SparseConfig, device_name: str) -> PrefillCost | None:
     if coeffs is None:
         return None
     return PrefillCost(*coeffs, scoring_queries=scoring_queries(config))
+
+
+#: (GPU family, method) -> past tokens that a step's decode rows must add up to before their
+#: selection pays. Per layer on an H100 (``benchmarks/results/decode_kernels_h100_session7``,
+#: Llama-3.1-8B shapes, 12.5%): dense rows cost about 0.0028 ms per thousand past tokens of the
+#: step; the sparse layer costs a fixed 0.035-0.063 ms (selection launches and their latency) plus
+#: 0.0005-0.0012 ms per thousand, so the lines cross at 15K (Quest), 26K (QuoKA) and 28K
+#: (Twilight) past tokens. One 16K request decoding alone measured 1.14x (Quest) and 1.23x
+#: (Twilight) FLASH_ATTN's TPOT sparse in ``vllm serve`` (load C of ``serve_bench``), so every
+#: method's threshold is rounded up to 32K: one request of 16K decodes dense, two of them or one of
+#: 32K sparse.
+DECODE_BREAK_EVEN_TOKENS: dict[tuple[str, str], int] = {
+    ("hopper", "quest"): 32768,
+    ("hopper", "quoka"): 32768,
+    ("hopper", "twilight"): 32768,
+}
+
+
+def decode_break_even_tokens(method: str, device_name: str) -> int:
+    """Past tokens a step's decode rows must add up to for ``method``'s sparse decode to pay on the
+    GPU ``device_name`` (0: no table, the config's thresholds decide alone)."""
+    family = next((f for key, f in FAMILIES.items() if key in device_name.upper()), None)
+    return DECODE_BREAK_EVEN_TOKENS.get((family, method), 0) if family else 0

@@ -16,6 +16,7 @@ attend nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +60,22 @@ class DecodeColumns:
 
     Allocated once (``max_reqs`` rows per policy), rewritten in place every step from the host:
     a CUDA graph captured for ``B`` decode rows reads ``buffer[policy][:B]`` at fixed addresses.
+
+    ``min_sparse_tokens`` (``cost.decode_break_even_tokens``): a step whose decode rows add up to
+    fewer past tokens decodes dense (selection costs more than it saves there); the rows' columns say
+    so, so the captured graphs stay the same and their selection kernels find nothing to select.
+    It applies to the policies whose decode is decided by cost (``LayerPolicy.decode_by_cost``:
+    the config leaves ``sparse_decode`` to the method), not to those that ask for sparse decode.
     """
 
     def __init__(
-        self, policies: list[LayerPolicy], page_size: int, max_reqs: int, max_model_len: int, device: torch.device
+        self,
+        policies: list[LayerPolicy],
+        page_size: int,
+        max_reqs: int,
+        max_model_len: int,
+        device: torch.device,
+        min_sparse_tokens: int = 0,
     ):
         self.policies = list(dict.fromkeys(policies))
         self.page_size = page_size
@@ -72,6 +85,8 @@ class DecodeColumns:
         self.device = torch.device(device)
         self._device = torch.zeros(len(self.policies), max_reqs, NUM_COLUMNS, dtype=torch.int32, device=device)
         self._index = {p: i for i, p in enumerate(self.policies)}
+        self.min_sparse_tokens = min_sparse_tokens
+        self._dense = {p: dataclasses.replace(p, sparse_decode=False) for p in self.policies}
 
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
@@ -86,8 +101,10 @@ class DecodeColumns:
             raise ValueError(f"{b} decode requests exceed the {self.max_reqs} the buffers were sized for")
         host = np.zeros((len(self.policies), self.max_reqs, NUM_COLUMNS), dtype=np.int32)
         host_cols = {}
+        past_tokens = int(np.maximum(np.asarray(seq_lens, dtype=np.int64) - 1, 0).sum())
+        below = past_tokens < self.min_sparse_tokens
         for p, i in self._index.items():
-            cols = decode_columns(p, self.page_size, seq_lens)
+            cols = decode_columns(self._dense[p] if below and p.decode_by_cost else p, self.page_size, seq_lens)
             cap = self.select_caps[p]
             if cols.shape[0] and int(cols[:, 0].max()) > cap:
                 raise AssertionError(f"a decode row selects {int(cols[:, 0].max())} pages, above the cap {cap}")

@@ -40,7 +40,7 @@ from vllm_sparse import stats
 from vllm_sparse.backend.dense_prefill import DenseRows
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
-from vllm_sparse.cost import prefill_cost
+from vllm_sparse.cost import decode_break_even_tokens, prefill_cost
 from vllm_sparse.decode_step import DecodeColumns, DecodeStep
 from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, SparsePays, StepPlan, plan_step
 
@@ -138,10 +138,13 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         self._layer_policies = Counter(policy for _, _, policy in impls)  # policy -> layers
         self._num_kv_heads = impls[0][1].num_kv_heads if impls else kv_cache_spec.num_kv_heads
         self._sparse_pays = None
+        min_sparse_decode = 0  # past tokens a step's decode rows need before their selection pays
         if impls and not current_platform.is_cpu() and torch.cuda.is_available():
-            cost = prefill_cost(impls[0][1].config, torch.cuda.get_device_name(device))
+            gpu = torch.cuda.get_device_name(device)
+            cost = prefill_cost(impls[0][1].config, gpu)
             if cost is not None:
                 self._sparse_pays = cost.sparse_pays
+            min_sparse_decode = decode_break_even_tokens(impls[0][1].config.method, gpu)
         self._decode = None
         if device_decode_supported(vllm_config) and impls:
             self._decode = DecodeColumns(
@@ -150,6 +153,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 vllm_config.scheduler_config.max_num_seqs,
                 vllm_config.model_config.max_model_len,
                 device,
+                min_sparse_tokens=min_sparse_decode,
             )
 
     @staticmethod
