@@ -59,3 +59,32 @@ def test_cpu_attn_executor_matches_reference(policy, group, dtype, meta_slots):
     got2 = torch.full_like(query, float("nan"))
     executor(query, keys, values, tables, plan, scale, got2)
     torch.testing.assert_close(got2, got)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_consecutive_layers_with_different_row_lengths(group):
+    """Twilight's top-p keeps a different number of pages per row in every layer of a step, so two
+    layers of one plan hand the executor tables with different row lengths: each layer's output
+    must still match the reference (the kernel's scheduler metadata depends on the lengths)."""
+    hkv, n, d = 2, 32, 64
+    seq_lens = [s for _, s in REQS]
+    qsl = query_start_loc([q for q, _ in REQS])
+    batch = make_paged_batch(seq_lens, hkv, n, d, order="planes", meta_slots=0, dtype=torch.float32, seed=31)
+    layout = PageLayout.of(batch.kv_cache, hkv, "planes")
+    plan = plan_step(SPARSE, n, qsl, seq_lens)
+    query = randn(qsl[-1], hkv * group, d, g=gen(32), dtype=torch.float32)
+    keys, values = layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache)
+    executor = CpuAttnExecutor()
+    lengths = []
+    for layer, keep in enumerate([0.2, 1.0, 0.5]):  # few pages, then every page, then half
+        sel, _ = random_selection(plan, hkv, gen(40 + layer))
+        counts = (sel.counts.float() * keep).long().to(sel.counts.dtype)
+        tables = build_page_tables(plan, type(sel)(sel.indices, counts), batch.block_table, layout)
+        lengths.append(tables.kv_lens.clone())
+        want = torch.full_like(query, float("nan"))
+        reference_executor(query, keys, values, tables, plan, 1 / math.sqrt(d), want)
+        got = torch.full_like(query, float("nan"))
+        executor(query, keys, values, tables, plan, 1 / math.sqrt(d), got)
+        assert not got.isnan().any(), layer
+        torch.testing.assert_close(got, want, **TOL[torch.float32])
+    assert not torch.equal(lengths[0], lengths[1])  # the layers really differed

@@ -26,8 +26,13 @@ class CpuAttnExecutor:
     """Implements ``vllm_sparse.executors.base.Executor`` with vLLM's CPU attention ops."""
 
     def __init__(self) -> None:
-        self._plan: StepPlan | None = None  # the scheduler metadata depends only on the plan
-        self._sched: tuple | None = None
+        # the rows' gather indices depend on the plan; the kernel's scheduler metadata (its split of
+        # the work) also on the rows' lengths, which differ per layer where a top-p keeps a
+        # different number of pages (Twilight): both are reused while neither changes
+        self._plan: StepPlan | None = None
+        self._rows: tuple | None = None
+        self._kv_lens: torch.Tensor | None = None
+        self._sched = None
 
     def _row_layout(self, plan: StepPlan, tables: PageTables, hkv: int, device) -> tuple:
         """Token/head gather indices and query offsets of the rows, once per plan.
@@ -62,14 +67,16 @@ class CpuAttnExecutor:
         t, hq, d = query.shape
         g = hq // hkv
         if plan is not self._plan:
-            tok, head, qsl = self._row_layout(plan, tables, hkv, query.device)
-            sched = ops.cpu_attn_get_scheduler_metadata(
+            self._plan, self._rows, self._kv_lens = plan, self._row_layout(plan, tables, hkv, query.device), None
+        tok, head, qsl = self._rows
+        if self._kv_lens is None or not torch.equal(tables.kv_lens, self._kv_lens):
+            self._sched = ops.cpu_attn_get_scheduler_metadata(
                 num_reqs=num_rows, num_heads=g, num_kv_heads=1, head_dim=d, seq_lens=tables.kv_lens,
                 dtype=query.dtype, query_start_loc=qsl, causal=True, sliding_window_size=-1, isa=ISA,
                 enable_kv_split=False,
             )
-            self._plan, self._sched = plan, (tok, head, qsl, sched)
-        tok, head, qsl, sched = self._sched
+            self._kv_lens = tables.kv_lens.clone()
+        sched = self._sched
         rows_q = query.view(t, hkv, g, d)[tok, head]  # [T * Hkv, G, D], row-major
         rows_out = torch.empty_like(rows_q)
         ops.cpu_attention_with_kv_cache(
