@@ -74,7 +74,7 @@ class CpuAttnExecutor:
                 num_reqs=num_rows, num_heads=g, num_kv_heads=1, head_dim=d, seq_lens=tables.kv_lens,
                 dtype=query.dtype, query_start_loc=qsl, causal=True, sliding_window_size=-1, isa=ISA,
                 enable_kv_split=False,
-            )
+            )  # fmt: skip
             self._kv_lens = tables.kv_lens.clone()
         sched = self._sched
         rows_q = query.view(t, hkv, g, d)[tok, head]  # [T * Hkv, G, D], row-major
