@@ -140,6 +140,25 @@ def test_config_reasons():
         assert needle in text, (needle, text)
 
 
+def test_decodes_run_host_planned_on_gpus(monkeypatch):
+    """Kascade has no device decode path: its engines declare no full CUDA graphs and decode eagerly."""
+    from types import SimpleNamespace
+
+    from vllm_sparse.backend import metadata
+
+    monkeypatch.setattr(metadata.current_platform, "is_cpu", lambda: False)
+    monkeypatch.setattr(metadata.importlib.util, "find_spec", lambda name: object())
+
+    def engine(name):
+        backend = SimpleNamespace(name=name)
+        return SimpleNamespace(
+            attention_config=SimpleNamespace(backend=backend), additional_config={}, model_config=None
+        )
+
+    assert not metadata.device_decode_supported(engine("SPARSE_KASCADE"))
+    assert metadata.device_decode_supported(engine("SPARSE_QUEST"))
+
+
 # ---------------------------------------------------------------------------------------------
 # The CPU engine
 # ---------------------------------------------------------------------------------------------
