@@ -63,11 +63,20 @@ class KascadeSelector:
         self.num_layers = num_layers
         self.anchor = self.is_anchor = None
         self.head_map: list[int] | None = None
+        self._head_map_dev: torch.Tensor | None = None
         if layer is not None:
             anchors = self.options.anchor_layers(num_layers or layer + 1)
             self.is_anchor = layer in anchors
             self.anchor = max((a for a in anchors if a <= layer), default=0)
             self.head_map = self.options.head_map.get(layer)
+
+    def _heads(self, device: torch.device) -> torch.Tensor | None:
+        """``int64 [Hkv]`` the head map on ``device`` (copied once: no copy per step), or None."""
+        if self.head_map is None:
+            return None
+        if self._head_map_dev is None or self._head_map_dev.device != device:
+            self._head_map_dev = torch.tensor(self.head_map, dtype=torch.int64, device=device)
+        return self._head_map_dev
 
     def for_layer(self, layer: int, num_layers: int) -> KascadeSelector:
         """This selector bound to ``layer`` (its anchor and head map)."""
@@ -125,7 +134,7 @@ class KascadeSelector:
                 f"sparse_kascade: layer {self.layer} reuses anchor layer {self.anchor}, which did not "
                 f"score this step (the step's anchor buffer holds layer {buf.layer})"
             )
-        heads = None if self.head_map is None else torch.tensor(self.head_map, device=query.device)
+        heads = self._heads(query.device)
         sel = empty_selection(plan, hkv, query.device)
         for r, req in enumerate(plan.requests):
             if not req.sparse or req.num_select == 0:
