@@ -128,7 +128,7 @@ def kascade_yaml_block(record: dict, model: str) -> str:
         f"# kascade: calibrated by `vllm-sparse calibrate` on {model}: {record['num_prompts']} prompts of "
         f"{record['tokens']} tokens ({data}), top-{record['k']} recovery, min over tokens, mean over prompts,\n"
         f"# layer-weighted, anchors by the paper's dynamic program; head_map: reuse layer -> anchor KV head per KV head.\n"
-        f"kascade:\n  anchors: {record['anchors']}\n  head_map: {{{hm}}}\n"
+        f"kascade:   # our measurement: `vllm-sparse calibrate` (above)\n  anchors: {record['anchors']}\n  head_map: {{{hm}}}\n"
     )
 
 
