@@ -91,7 +91,8 @@ def bad_start_log(tiny_llama, run_engines):
         "model": tiny_llama,
         "runs": [
             {"name": "bad_config", "backend": "sparse_quoka", "additional_config": bad, "batches": [[[1, 2, 3]]]},
-            {"name": "not_implemented", "backend": "sparse_kascade", "batches": [[[1, 2, 3]]]},
+            {"name": "not_implemented", "backend": "sparse_compact", "batches": [[[1, 2, 3]]]},
+            {"name": "kascade_uncalibrated", "backend": "sparse_kascade", "batches": [[[1, 2, 3]]]},
         ],
     }
     return run_engines(spec)
@@ -107,4 +108,10 @@ def test_bad_config_fails_at_start_with_every_reason(bad_start_log):
 def test_unimplemented_method_fails_at_start(bad_start_log):
     results, log = bad_start_log
     assert not results["not_implemented"]["ok"]
-    assert "sparse_kascade is not implemented yet" in log
+    assert "sparse_compact is not implemented yet" in log
+
+
+def test_uncalibrated_kascade_fails_at_start_saying_how_to_calibrate(bad_start_log):
+    results, log = bad_start_log
+    assert not results["kascade_uncalibrated"]["ok"]
+    assert "no calibrated anchor layers for this model" in log and "vllm-sparse calibrate" in log

@@ -189,3 +189,17 @@ def test_engine_start_logs_the_chosen_config(model, expect, caplog, monkeypatch)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm_sparse" and r.levelno == logging.INFO]
     assert len(lines) == 1 and expect in lines[0], lines
     startup._resolve_cached.cache_clear()
+
+
+KASCADE_CALIBRATED = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
+
+
+@pytest.mark.parametrize("hub", list(MODELS))
+def test_kascade_anchors_fit_or_the_start_says_how_to_calibrate(hub):
+    file, layers, _, kv_heads, _ = MODELS[hub]
+    name, data = _load(hub)
+    reasons = parse_config(data, "kascade", name).model_reasons(layers, kv_heads)
+    if hub in KASCADE_CALIBRATED:
+        assert reasons == [], (file, reasons)
+    else:
+        assert len(reasons) == 1 and "vllm-sparse calibrate" in reasons[0], (file, reasons)

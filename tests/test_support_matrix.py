@@ -14,7 +14,12 @@ from vllm.v1.kv_cache_interface import KVCacheLayout  # noqa: E402
 from vllm_sparse.backend import backends  # noqa: E402
 from vllm_sparse.backend.metadata import SparseMetadataBuilder  # noqa: E402
 
-IMPLEMENTED = [backends.SparseQuokaBackend, backends.SparseQuestBackend, backends.SparseTwilightBackend]
+IMPLEMENTED = [
+    backends.SparseQuokaBackend,
+    backends.SparseQuestBackend,
+    backends.SparseTwilightBackend,
+    backends.SparseKascadeBackend,
+]
 
 
 @pytest.mark.parametrize("backend", IMPLEMENTED, ids=lambda b: b.get_name())

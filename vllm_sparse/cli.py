@@ -1,4 +1,4 @@
-"""``vllm-sparse``: show-config, passkey (the main job)."""
+"""``vllm-sparse``: show-config, passkey (the main job), calibrate (Kascade anchors)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,22 @@ def passkey(args) -> int:
     return 0 if r["correct"] else 1  # the main job fails when the model answers wrong
 
 
+def calibrate(args) -> int:
+    from vllm_sparse.calibration.run import calibrate as run
+    from vllm_sparse.calibration.run import default_texts, kascade_yaml_block, plot, write_config
+    from vllm_sparse.eval.models import resolve_model
+
+    texts = [(str(p), Path(p).read_text(encoding="utf-8")) for p in args.data] if args.data else default_texts()
+    path = resolve_model(args.model)
+    record = run(path, texts, args.prompts, args.tokens, args.anchors, args.k)
+    out = Path(args.out)
+    write_config(out, kascade_yaml_block(record, args.model), models=[args.model])
+    png = Path(args.png) if args.png else out.with_suffix(".png")
+    plot(record, png, args.model)
+    print(f"anchors {record['anchors']} (objective {record['objective']:.3f}); wrote {out} and {png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vllm-sparse")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -71,6 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--additional-config", default=None)
     k.add_argument("--out", default=None, help="write the result record as JSON")
     k.set_defaults(fn=passkey)
+    c = sub.add_parser("calibrate", help="Kascade: anchor layers and head maps of a model from a dense run")
+    c.add_argument("--model", required=True, help="local HuggingFace folder or a known model name")
+    c.add_argument("--data", nargs="*", default=None, help="text files (default: Python standard-library sources)")
+    c.add_argument("--prompts", type=int, default=4, help="calibration prompts")
+    c.add_argument("--tokens", type=int, default=1536, help="tokens per prompt")
+    c.add_argument("--anchors", type=int, default=5, help="anchor layers, layer 0 included")
+    c.add_argument("--k", type=int, default=64, help="top-k tokens of the recovery score (paper: 64)")
+    c.add_argument("--out", required=True, help="YAML config to write (its kascade block is replaced if it exists)")
+    c.add_argument("--png", default=None, help="similarity-matrix plot (default: the YAML path with .png)")
+    c.set_defaults(fn=calibrate)
     add_eval_parser(sub)
     args = p.parse_args(argv)
     return args.fn(args)

@@ -81,9 +81,60 @@ class TwilightOptions(_Strict):
     candidate_fraction: float = Field(0.25, gt=0.0, le=1.0)
 
 
+EVENLY_SPACED = "evenly_spaced"
+
+
 class KascadeOptions(_Strict):
-    anchors: list[int] = Field(default_factory=lambda: [0, 2, 8, 13, 14])
-    head_map: dict[str, Any] = Field(default_factory=dict)
+    """Kascade: anchor layers score every past page exactly; each layer after an anchor, up to the
+    next one, reuses that anchor's page ranking, its KV head ``h`` reading the anchor's KV head
+    ``head_map[layer][h]`` (identity where a layer has no entry).
+
+    ``anchors``: the calibrated anchor layers (``vllm-sparse calibrate``), layer 0 first; None (the
+    default) fails at engine start with how to calibrate; ``evenly_spaced`` asks explicitly for
+    ``num_anchors`` uncalibrated anchors ``round(i * L / num_anchors)``.
+    """
+
+    anchors: list[int] | Literal["evenly_spaced"] | None = None
+    num_anchors: int = Field(5, ge=1, description="anchors of evenly_spaced")
+    head_map: dict[int, list[int]] = Field(default_factory=dict)
+    tile: int = Field(32, ge=1, description="prefill queries pooled into one distribution (paper: 128 incl. GQA)")
+
+    def anchor_layers(self, num_layers: int) -> list[int]:
+        """The anchor layers for a model of ``num_layers`` layers (``[]`` if not calibrated)."""
+        if self.anchors == EVENLY_SPACED:
+            m = min(self.num_anchors, num_layers)
+            return sorted({round(i * num_layers / m) for i in range(m)})
+        return list(self.anchors or [])
+
+    def model_reasons(self, num_layers: int, num_kv_heads: int | None) -> list[str]:
+        """Reasons these options do not fit a model (``kascade.*`` fields)."""
+        if self.anchors is None:
+            return [
+                "kascade.anchors: no calibrated anchor layers for this model; calibrate them with "
+                "`vllm-sparse calibrate --model MODEL --out MODEL.yaml` and pass the file with "
+                "--additional-config '{\"sparse_attention\": {\"config\": \"MODEL.yaml\"}}' (or "
+                f"${ENV_VAR}=MODEL.yaml), or ask for uncalibrated anchors explicitly with "
+                "kascade: {anchors: evenly_spaced}"
+            ]
+        reasons = []
+        anchors = self.anchor_layers(num_layers)
+        if anchors[:1] != [0]:
+            reasons.append(f"kascade.anchors = {anchors}: must start with layer 0 (dense, the first anchor)")
+        if anchors != sorted(set(anchors)):
+            reasons.append(f"kascade.anchors = {anchors}: must be strictly increasing")
+        bad = [a for a in anchors if not 0 <= a < num_layers]
+        if bad:
+            reasons.append(f"kascade.anchors: {bad} not layers of this model (0..{num_layers - 1})")
+        for layer, heads in self.head_map.items():
+            if not 0 <= layer < num_layers or layer in anchors:
+                reasons.append(f"kascade.head_map: key {layer} is not a reuse layer of this model")
+            if num_kv_heads is not None and (
+                len(heads) != num_kv_heads or any(not 0 <= h < num_kv_heads for h in heads)
+            ):
+                reasons.append(
+                    f"kascade.head_map.{layer} = {heads}: must list {num_kv_heads} anchor KV heads in 0..{num_kv_heads - 1}"
+                )
+        return reasons
 
 
 class CompactOptions(_Strict):
@@ -160,9 +211,10 @@ class SparseConfig(_Strict):
             window = TWILIGHT_CHUNK_QUERY_WINDOW if self.method == "twilight" else 0
         return window or None
 
-    def model_reasons(self, num_layers: int) -> list[str]:
-        """Reasons this config does not fit a model with ``num_layers`` attention layers."""
-        reasons = []
+    def model_reasons(self, num_layers: int, num_kv_heads: int | None = None) -> list[str]:
+        """Reasons this config does not fit a model with ``num_layers`` attention layers (and
+        ``num_kv_heads`` KV heads, where known)."""
+        reasons = self.kascade.model_reasons(num_layers, num_kv_heads) if self.method == "kascade" else []
         for idx in self.dense_layers:
             if not 0 <= idx < num_layers:
                 reasons.append(f"dense_layers: {idx} is not a layer of this model (0..{num_layers - 1})")

@@ -42,6 +42,25 @@ class PlannedPages(NamedTuple):
     prefill_dense: int
 
 
+class AnchorScores:
+    """Kascade's per-step anchor buffer: what an anchor layer measured, read by the reuse layers
+    after it in the same step (``selectors.kascade``). It never leaves the device: the reuse layers
+    index it with host-known sizes. One buffer serves every layer policy of a step (the builder's
+    metadata hands the same one to each plan's state: the dense layer 0 is an anchor of sparse
+    layers), and each anchor overwrites the previous one's scores, layers running in order.
+
+    Attributes:
+        layer: the anchor layer that wrote ``mass`` this step (-1: none yet).
+        mass: per request of the plans, ``float32 [Hkv, P_past]`` the pooled post-softmax mass of
+            each past page per KV head (``kernels.anchor_mass``), or ``None`` where the anchor did
+            not score the request (it runs dense in every layer).
+    """
+
+    def __init__(self) -> None:
+        self.layer = -1
+        self.mass: list[torch.Tensor | None] = []
+
+
 class StepState:
     """The shared state of one ``StepPlan`` (one layer policy, one scheduler step).
 
@@ -56,6 +75,8 @@ class StepState:
         triton_paged: ``executors.triton_paged.PagedStep``: the Triton paged executor's work items
             (per (row, query block)) and split-KV geometry.
         block_table, layout: what the parts below are made from (set by ``on``).
+        anchor: ``AnchorScores``, Kascade's anchor buffer of the step (shared by the states of
+            one step's plans; a state of its own otherwise).
 
     Parts made from the step's block table and page layout on first use, then shared (properties
     below; shapes in their docs): ``forced_past`` (per request, its forced past pages), ``rows``
@@ -74,6 +95,7 @@ class StepState:
         self.flash_rows: RowsStep | None = None
         self.flashinfer: PlannedStep | None = None
         self.triton_paged: PagedStep | None = None
+        self.anchor = AnchorScores()
 
     @property
     def plan(self) -> StepPlan:

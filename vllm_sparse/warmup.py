@@ -98,6 +98,9 @@ def warm_up_prefill(
             continue
         query = torch.randn(chunk, num_heads, d, device=device, generator=gen).to(dtype)
         out = torch.empty_like(query)
+        score_anchor = getattr(selector, "score_anchor", None)
+        if score_anchor is not None:  # Kascade: the anchor's scoring, which its reuse layers read
+            score_anchor(query, page_keys, block_table, layout, plan)
         selection = selector(query, page_keys, block_table, layout, plan, meta)
         tables = build_page_tables(plan, selection, block_table, layout)
         execute(query, page_keys, page_values, tables, plan, scale, out)

@@ -187,6 +187,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         if self.layer_idx is None:
             self.layer_idx = extract_layer_index(layer.layer_name)
             self.policy = self.config.for_layer(self.layer_idx)
+            if hasattr(self.selector, "for_layer"):  # selectors that depend on the layer (Kascade's anchors)
+                self.selector = self.selector.for_layer(self.layer_idx, self.last_layer + 1)
         if not self._warm and query.is_cuda and not torch.cuda.is_current_stream_capturing():
             # vLLM's memory-profiling run comes first (no metadata, no cache yet): warm up there,
             # on a scratch cache of this layer's layout, so its memory is counted and no request
@@ -260,6 +262,9 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         block_table = attn_metadata.block_table
         plan = attn_metadata.plan_for(self.policy)  # 1 policy
         state = plan.state.on(block_table, layout)  # what the layers of the step share
+        observe = getattr(self.selector, "observe", None)
+        if observe is not None:  # every step, dense or sparse (Kascade: anchor layers score)
+            observe(query, page_keys, block_table, layout, plan)
         if not plan.any_sparse and self.dense_prefill is not None and attn_metadata.dense_rows is not None:
             self.dense_prefill(query, views.keys, views.values, attn_metadata.dense_rows, self.scale, out)
         else:

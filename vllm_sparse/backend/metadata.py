@@ -43,6 +43,8 @@ from vllm_sparse.config import LayerPolicy
 from vllm_sparse.cost import decode_break_even_tokens, prefill_cost
 from vllm_sparse.decode_step import DecodeColumns, DecodeStep
 from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, SparsePays, StepPlan, plan_step
+from vllm_sparse.selectors import DEVICE_DECODE_METHODS
+from vllm_sparse.step_state import AnchorScores
 
 
 @dataclass
@@ -72,6 +74,7 @@ class SparseAttentionMetadata:
     decode: DecodeStep | None = None
     dense_rows: DenseRows | None = None
     sparse_pays: SparsePays | None = None  # the prefill cost decision (``vllm_sparse.cost``)
+    anchor: AnchorScores = field(default_factory=AnchorScores, repr=False)  # Kascade, every plan's state
     _plans: dict[LayerPolicy, StepPlan] = field(default_factory=dict, repr=False)
 
     @property
@@ -86,6 +89,7 @@ class SparseAttentionMetadata:
             plan = self._plans[policy] = plan_step(
                 policy, self.page_size, self.query_start_loc, self.seq_lens, self.sparse_pays
             )
+            plan.state.anchor = self.anchor  # one anchor buffer for the layers of every policy
         return plan
 
 
@@ -106,13 +110,16 @@ class _StepWork:
 
 def device_decode_supported(vllm_config) -> bool:
     """Whether this engine runs decodes through the device-driven path (and so full CUDA graphs):
-    a CUDA platform with Triton, and a config that does not ask for the torch reference executor."""
+    a CUDA platform with Triton, a method whose selector has a device decode path
+    (``selectors.DEVICE_DECODE_METHODS``) and a config that does not ask for the torch reference executor."""
     if current_platform.is_cpu() or importlib.util.find_spec("triton") is None:
         return False
     backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
     name = getattr(backend, "name", "") or ""
     if not name.startswith("SPARSE_"):
         return True
+    if name[len("SPARSE_") :].lower() not in DEVICE_DECODE_METHODS:
+        return False  # (Kascade: its decodes run host-planned, eager)
     try:
         return load_config(name[len("SPARSE_") :].lower(), vllm_config).config.executor != "reference"
     except Exception:  # noqa: BLE001  (invalid configs are reported at engine start, not here)

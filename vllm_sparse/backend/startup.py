@@ -54,5 +54,6 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
         reasons.append(f"sparse_twilight needs a power-of-two block size for its INT4 key shadows (got {block})")
     mc = getattr(vllm_config, "model_config", None)
     if mc is not None:
-        reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers())]
+        hkv = mc.get_total_num_kv_heads()
+        reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers(), hkv)]
     return reasons

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.selectors.base import Selection, Selector
+from vllm_sparse.selectors.kascade import KascadeSelector
 from vllm_sparse.selectors.quest import QuestSelector
 from vllm_sparse.selectors.quoka import QuokaSelector
 from vllm_sparse.selectors.twilight import TwilightSelector
 
-IMPLEMENTED_METHODS = ("quoka", "quest", "twilight")
+IMPLEMENTED_METHODS = ("quoka", "quest", "twilight", "kascade")
+#: methods whose selector has a device decode path (``Selector.select_decode``, full CUDA graphs on
+#: GPUs); the others decode through the host-planned path (eager)
+DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight")
 
 
 def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
-    """The selector of ``config.method``; ``scale`` is the layer's softmax scale (default 1/sqrt(D))."""
+    """The selector of ``config.method``; ``scale`` is the layer's softmax scale (default 1/sqrt(D)).
+    A selector with ``for_layer(layer, num_layers)`` (Kascade) is bound to its layer before use."""
     window = config.query_window()
     if config.method == "quoka":
         return QuokaSelector(config.quoka.num_queries, query_window=window)
@@ -25,6 +30,8 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
         else:
             base = QuokaSelector(config.quoka.num_queries, query_window=window)
         return TwilightSelector(base, tw.top_p, scale, query_window=window)
+    if config.method == "kascade":
+        return KascadeSelector(config, scale)
     raise NotImplementedError(
         f"sparse_{config.method} is not implemented yet; implemented: "
         + ", ".join(f"sparse_{m}" for m in IMPLEMENTED_METHODS)
@@ -32,7 +39,9 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
 
 
 __all__ = [
+    "DEVICE_DECODE_METHODS",
     "IMPLEMENTED_METHODS",
+    "KascadeSelector",
     "QuestSelector",
     "QuokaSelector",
     "Selection",
