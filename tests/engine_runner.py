@@ -6,7 +6,8 @@ SPEC: {"model": PATH, "runs": [RUN, ...]} with RUN keys:
     name, backend, additional_config (optional), dtype ("float32"), block_size (32),
     max_num_batched_tokens (100), max_tokens (64), batches ([[token ids, ...], ...]: each inner
     list of prompts is one generate() call, so later batches can hit the prefix cache).
-OUT: {name: {"ok": bool, "error": str, "tokens": [[...] per prompt, per batch], "stats": {...}}}
+OUT: {name: {"ok": bool, "error": str, "tokens": [[...] per prompt, per batch], "cached": [[prompt
+    tokens read from the prefix cache, per prompt] per batch], "stats": {...}}}
 Engine start failures are caught, so one spec can check several bad configs.
 """
 
@@ -44,13 +45,14 @@ def run_one(model: str, run: dict) -> dict:
     except Exception as e:  # engine start failure: the reasons are on stderr
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
     params = SamplingParams(max_tokens=run.get("max_tokens", 64), temperature=0.0, ignore_eos=True)
-    tokens = []
+    tokens, cached = [], []
     for batch in run["batches"]:
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         tokens.append([list(o.outputs[0].token_ids) for o in outs])
+        cached.append([int(o.num_cached_tokens or 0) for o in outs])
     stats = read_stats(stats_path)
     del llm
-    return {"ok": True, "tokens": tokens, "stats": stats}
+    return {"ok": True, "tokens": tokens, "cached": cached, "stats": stats}
 
 
 def main() -> None:

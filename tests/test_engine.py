@@ -38,6 +38,7 @@ REAL_BUDGET = {
 FULL_BUDGET = {
     "sparse_attention": {"budget": {"fraction": 1.0, "min_tokens": 0}, "dense_layers": [], "dense_below_tokens": 0}
 }
+REFERENCE = {"sparse_attention": {**REAL_BUDGET["sparse_attention"], "executor": "reference"}}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,7 @@ def engine_results(tiny_llama, run_engines):
             {"name": "dense", "backend": "CPU_ATTN", **common},
             {"name": "full", "backend": "SPARSE_QUOKA", "additional_config": FULL_BUDGET, **common},
             {"name": "sparse", "backend": "sparse_quoka", "additional_config": REAL_BUDGET, **common},
+            {"name": "sparse_reference", "backend": "sparse_quoka", "additional_config": REFERENCE, **common},
         ],
     }
     results, _ = run_engines(spec)
@@ -82,6 +84,21 @@ def test_prefix_cache_hit_reproduces_first_run(engine_results):
     for name in ("dense", "full"):
         first, second = engine_results[name]["tokens"]
         assert second[1] == first[0], name
+
+
+def test_prefix_cache_hits_happen(engine_results):
+    """The second batch's prompts that share a prefix with the first batch's really read it from
+    the prefix cache (vLLM's ``num_cached_tokens``), in every run: the hits above are not assumed."""
+    for name, r in engine_results.items():
+        first, second = r["cached"]
+        assert first == [0, 0, 0], name
+        assert second[0] >= 512 and second[1] >= 640 and second[2] == 0, (name, second)
+
+
+def test_fast_executor_gives_the_reference_executors_tokens(engine_results):
+    """A real budget (sparse prefill and decode rows): vLLM's CPU attention kernel over the rows
+    (``executor: auto``) and the torch reference executor pick the same greedy tokens."""
+    assert engine_results["sparse_reference"]["tokens"] == engine_results["sparse"]["tokens"]
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,11 @@ REAL = {
     "dense_layers": [0],
     "dense_below_tokens": 256,
 }
+TWILIGHT_REAL = {
+    **REAL,
+    "budget": {"fraction": 0.5, "min_tokens": 64, "max_tokens": None},
+    "twilight": {"top_p": 0.9, "candidate_fraction": 0.3},
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +59,19 @@ def engine_results(tiny_llama, run_engines):
             {
                 "name": "twilight_sparse",
                 "backend": "sparse_twilight",
-                "additional_config": cfg(
-                    **{**REAL, "budget": {"fraction": 0.5, "min_tokens": 64, "max_tokens": None}},
-                    twilight={"top_p": 0.9, "candidate_fraction": 0.3},
-                ),
+                "additional_config": cfg(**TWILIGHT_REAL),
+                **common,
+            },
+            {
+                "name": "quest_sparse_reference",
+                "backend": "sparse_quest",
+                "additional_config": cfg(**REAL, quest={"gqa_reduce": "union"}, executor="reference"),
+                **common,
+            },
+            {
+                "name": "twilight_sparse_reference",
+                "backend": "sparse_twilight",
+                "additional_config": cfg(**TWILIGHT_REAL, executor="reference"),
                 **common,
             },
         ],
@@ -87,3 +101,18 @@ def test_real_budget_skips_pages_and_completes(engine_results, name):
     assert s["sparse_rows"] > 0
     assert s["attended_pages"] < 0.85 * s["dense_pages"], s
 
+
+
+@pytest.mark.parametrize("name", ["quest_sparse", "twilight_sparse"])
+def test_fast_executor_gives_the_reference_executors_tokens(engine_results, name):
+    """A real budget: vLLM's CPU attention kernel over the rows (``executor: auto``) and the torch
+    reference executor pick the same greedy tokens (Twilight's rows differ in length per layer)."""
+    assert engine_results[f"{name}_reference"]["tokens"] == engine_results[name]["tokens"]
+
+
+def test_prefix_cache_hits_happen(engine_results):
+    """The second batch reads the shared prefixes from the prefix cache in every run."""
+    for name, r in engine_results.items():
+        first, second = r["cached"]
+        assert first == [0, 0], name
+        assert second[0] >= 512 and second[1] >= 800, (name, second)
