@@ -39,6 +39,9 @@ FULL_BUDGET = {
     "sparse_attention": {"budget": {"fraction": 1.0, "min_tokens": 0}, "dense_layers": [], "dense_below_tokens": 0}
 }
 REFERENCE = {"sparse_attention": {**REAL_BUDGET["sparse_attention"], "executor": "reference"}}
+# a covering budget through the selection path itself (selector, tables, sparse executor), prefill
+# and decode, instead of the dense shortcut
+FORCED = {"sparse_attention": {**FULL_BUDGET["sparse_attention"], "force_sparse": True, "sparse_decode": True}}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,7 @@ def engine_results(tiny_llama, run_engines):
             {"name": "full", "backend": "SPARSE_QUOKA", "additional_config": FULL_BUDGET, **common},
             {"name": "sparse", "backend": "sparse_quoka", "additional_config": REAL_BUDGET, **common},
             {"name": "sparse_reference", "backend": "sparse_quoka", "additional_config": REFERENCE, **common},
+            {"name": "forced", "backend": "sparse_quoka", "additional_config": FORCED, **common},
         ],
     }
     results, _ = run_engines(spec)
@@ -66,6 +70,13 @@ def test_budget_covering_context_gives_dense_tokens(engine_results):
     assert full == dense
     stats = engine_results["full"]["stats"]
     assert stats["steps"] > 0 and stats["attended_pages"] == stats["dense_pages"]
+
+
+def test_covering_budget_through_the_selection_path_gives_dense_tokens(engine_results):
+    r = engine_results["forced"]
+    assert r["tokens"] == engine_results["dense"]["tokens"]
+    s = r["stats"]
+    assert s["sparse_rows"] > 0 and s["attended_pages"] == s["dense_pages"], s
 
 
 def test_real_budget_skips_pages_and_completes(engine_results):

@@ -63,6 +63,19 @@ def engine_results(tiny_llama, run_engines):
                 **common,
             },
             {
+                "name": "quest_forced",
+                "backend": "sparse_quest",
+                "additional_config": cfg(**FULL_BUDGET, force_sparse=True),
+                **common,
+            },
+            {
+                "name": "twilight_forced",
+                "backend": "sparse_twilight",
+                # every candidate, and a top-p that keeps every one of them
+                "additional_config": cfg(**FULL_BUDGET, force_sparse=True, twilight={"top_p": 1.0, "candidate_fraction": 1.0}),
+                **common,
+            },
+            {
                 "name": "quest_sparse_reference",
                 "backend": "sparse_quest",
                 "additional_config": cfg(**REAL, quest={"gqa_reduce": "union"}, executor="reference"),
@@ -116,3 +129,13 @@ def test_prefix_cache_hits_happen(engine_results):
         first, second = r["cached"]
         assert first == [0, 0], name
         assert second[0] >= 512 and second[1] >= 800, (name, second)
+
+
+@pytest.mark.parametrize("name", ["quest", "twilight"])
+def test_covering_budget_through_the_selection_path_gives_dense_tokens(engine_results, name):
+    """``force_sparse``: every page selected through selector, tables and sparse executor (prefill
+    and decode rows), not the dense shortcut; greedy tokens equal dense."""
+    r = engine_results[f"{name}_forced"]
+    assert r["tokens"] == engine_results["dense"]["tokens"]
+    s = r["stats"]
+    assert s["sparse_rows"] > 0 and s["attended_pages"] == s["dense_pages"], s
