@@ -115,3 +115,77 @@ def test_bad_request_rejected_and_server_stays_up(client, server):
     r = client.completions.create(model="tiny", prompt=LONG, max_tokens=8, temperature=0)
     assert r.usage.completion_tokens >= 1
     assert "using SPARSE_QUOKA on CPU" in server[1].read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# Bad requests (issue 15 item 4): each refused with a 4xx and a message; the server stays up
+# --------------------------------------------------------------------------------------------
+
+GOOD = {"model": "tiny", "prompt": LONG, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def good_answer(server):
+    """The good request's answer before any bad one (greedy, so it must not change)."""
+    import requests
+
+    r = requests.post(f"{server[0]}/v1/completions", json=GOOD, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+TOO_LONG = "x" * 3000  # one token a byte: past --max-model-len 2048
+BAD_REQUESTS = {
+    # name: (path, body, HTTP status, words the message must contain)
+    "empty_prompt": ("completions", {**GOOD, "prompt": ""}, 400, "non-empty"),
+    "empty_token_ids": ("completions", {**GOOD, "prompt": []}, 400, "at least one prompt"),
+    "token_id_out_of_vocab": ("completions", {**GOOD, "prompt": [1, 10**6]}, 400, "out of vocabulary"),
+    "prompt_too_long": ("completions", {**GOOD, "prompt": TOO_LONG}, 400, "2048"),
+    "chat_too_long": ("chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 4}, 400, "2048"),
+    "stream_too_long": ("completions", {**GOOD, "prompt": TOO_LONG, "stream": True}, 400, "2048"),
+    "max_tokens_huge": ("completions", {**GOOD, "max_tokens": 10**9}, 400, "max_tokens"),
+    "max_tokens_negative": ("completions", {**GOOD, "max_tokens": -1}, 400, "max_tokens"),
+    "max_tokens_zero": ("completions", {**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens_not_a_number": ("completions", {**GOOD, "max_tokens": "many"}, 400, "max_tokens"),
+    "temperature_negative": ("completions", {**GOOD, "temperature": -1}, 400, "temperature"),
+    "top_p_above_one": ("completions", {**GOOD, "top_p": 1.5}, 400, "top_p"),
+    "top_k_negative": ("completions", {**GOOD, "top_k": -5}, 400, "top_k"),
+    "presence_penalty_out_of_range": ("completions", {**GOOD, "presence_penalty": 5}, 400, "presence_penalty"),
+    "n_zero": ("completions", {**GOOD, "n": 0}, 400, "n"),
+    "logprobs_absurd": ("completions", {**GOOD, "logprobs": 10**6}, 400, "logprobs"),
+    "unknown_model": ("completions", {**GOOD, "model": "no-such-model"}, 404, "no-such-model"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(BAD_REQUESTS))
+def test_bad_request_gets_4xx_with_a_message(name, server, good_answer):
+    import requests
+
+    path, body, status, needle = BAD_REQUESTS[name]
+    r = requests.post(f"{server[0]}/v1/{path}", json=body, timeout=120)
+    assert r.status_code == status, (name, r.status_code, r.text[:500])
+    message = str(r.json()["error"]["message"])
+    assert needle in message, (name, message)
+
+
+def test_malformed_json_gets_400(server, good_answer):
+    import requests
+
+    r = requests.post(
+        f"{server[0]}/v1/completions", data=b'{"model": "tiny", "prompt": ', headers={"Content-Type": "application/json"},
+        timeout=60,
+    )  # fmt: skip
+    assert r.status_code == 400, r.text[:500]
+
+
+def test_good_request_after_the_bad_ones_gives_the_same_answer(server, good_answer):
+    import requests
+
+    assert requests.get(f"{server[0]}/health", timeout=10).status_code == 200
+    r = requests.post(f"{server[0]}/v1/completions", json=GOOD, timeout=120)
+    assert r.status_code == 200, r.text
+    again = r.json()
+    assert again["usage"]["completion_tokens"] == 8
+    assert again["choices"][0]["text"] == good_answer["choices"][0]["text"]
+    log = server[1].read_text()
+    assert "EngineDeadError" not in log and "Traceback" not in log, log[-3000:]

@@ -15,10 +15,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    model_validator,
+)
 
 from vllm_sparse.resources import data_dir
 
@@ -39,6 +48,22 @@ class SparseConfigError(ValueError):
         super().__init__(f"invalid sparse attention config ({source}):\n{lines}")
 
 
+MAX_INT = 2**31 - 1  # token counts, layers and heads past this are typos (and overflow int32 tables)
+
+
+def _not_bool_or_str(value: Any) -> Any:
+    """Numbers only: pydantic's lax mode would read ``true`` as 1 and ``"16"`` as 16."""
+    if isinstance(value, (bool, str)):
+        raise ValueError(f"must be a number, not {type(value).__name__} {value!r}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool_or_str), Field(le=MAX_INT)]
+Index = Annotated[Int, Field(ge=0)]  # a layer or a KV head; whether the model has it is checked at start
+Float = Annotated[float, BeforeValidator(_not_bool_or_str)]
+Bool = Annotated[bool, Strict()]  # true or false, not 1, "yes" or "on"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,9 +71,9 @@ class _Strict(BaseModel):
 class Budget(_Strict):
     """Past-context tokens attended per (request, KV head): clamp(fraction * context, min, max)."""
 
-    fraction: float = Field(0.125, gt=0.0, le=1.0)
-    min_tokens: int = Field(1024, ge=0)
-    max_tokens: int | None = Field(16384, ge=1)
+    fraction: Float = Field(0.125, gt=0.0, le=1.0)
+    min_tokens: Int = Field(1024, ge=0)
+    max_tokens: Int | None = Field(16384, ge=1)
 
     @model_validator(mode="after")
     def _min_below_max(self) -> Budget:
@@ -62,7 +87,7 @@ class Budget(_Strict):
 
 
 class QuokaOptions(_Strict):
-    num_queries: int = Field(64, ge=1, description="queries kept per chunk and query head (N_Q)")
+    num_queries: Int = Field(64, ge=1, description="queries kept per chunk and query head (N_Q)")
 
 
 class QuestOptions(_Strict):
@@ -76,9 +101,9 @@ class TwilightOptions(_Strict):
     smallest set whose estimated attention mass reaches ``top_p``, so rows attend at most
     ``candidate_fraction`` of the context plus the forced pages, usually far fewer."""
 
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_p: Float = Field(0.95, gt=0.0, le=1.0)
     candidates: Literal["quest", "quoka"] = "quest"
-    candidate_fraction: float = Field(0.25, gt=0.0, le=1.0)
+    candidate_fraction: Float = Field(0.25, gt=0.0, le=1.0)
 
 
 EVENLY_SPACED = "evenly_spaced"
@@ -94,10 +119,10 @@ class KascadeOptions(_Strict):
     ``num_anchors`` uncalibrated anchors ``round(i * L / num_anchors)``.
     """
 
-    anchors: list[int] | Literal["evenly_spaced"] | None = None
-    num_anchors: int = Field(5, ge=1, description="anchors of evenly_spaced")
-    head_map: dict[int, list[int]] = Field(default_factory=dict)
-    tile: int = Field(32, ge=1, description="prefill queries pooled into one distribution (paper: 128 incl. GQA)")
+    anchors: list[Index] | Literal["evenly_spaced"] | None = None
+    num_anchors: Int = Field(5, ge=1, description="anchors of evenly_spaced")
+    head_map: dict[Annotated[int, Field(ge=0)], list[Index]] = Field(default_factory=dict)
+    tile: Int = Field(32, ge=1, description="prefill queries pooled into one distribution (paper: 128 incl. GQA)")
 
     def anchor_layers(self, num_layers: int) -> list[int]:
         """The anchor layers for a model of ``num_layers`` layers (``[]`` if not calibrated)."""
@@ -138,15 +163,15 @@ class KascadeOptions(_Strict):
 
 
 class CompactOptions(_Strict):
-    block_threshold: float = Field(0.06, gt=0.0, le=1.0)
+    block_threshold: Float = Field(0.06, gt=0.0, le=1.0)
 
 
 class BudgetOverride(_Strict):
     """A partial budget: only the fields given replace the top-level budget's."""
 
-    fraction: float | None = Field(None, gt=0.0, le=1.0)
-    min_tokens: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=1)  # an explicit null means "no maximum"
+    fraction: Float | None = Field(None, gt=0.0, le=1.0)
+    min_tokens: Int | None = Field(None, ge=0)
+    max_tokens: Int | None = Field(None, ge=1)  # an explicit null means "no maximum"
 
     def apply(self, base: Budget) -> Budget:
         return Budget(**{**base.model_dump(), **self.model_dump(exclude_unset=True)})
@@ -156,9 +181,9 @@ class LayerOverride(_Strict):
     """Per-layer overrides; unset fields inherit the top-level value."""
 
     budget: BudgetOverride | None = None
-    sink_tokens: int | None = Field(None, ge=0)
-    local_tokens: int | None = Field(None, ge=0)
-    dense: bool | None = None
+    sink_tokens: Int | None = Field(None, ge=0)
+    local_tokens: Int | None = Field(None, ge=0)
+    dense: Bool | None = None
 
 
 TWILIGHT_CHUNK_QUERY_WINDOW = 64
@@ -167,38 +192,38 @@ TWILIGHT_CHUNK_QUERY_WINDOW = 64
 class SparseConfig(_Strict):
     method: Method = "quoka"
     budget: Budget = Budget()
-    sink_tokens: int = Field(16, ge=0)
-    local_tokens: int = Field(512, ge=0)
-    dense_layers: list[int] = Field(default_factory=lambda: [0])
-    dense_below_tokens: int = Field(4096, ge=0)
+    sink_tokens: Int = Field(16, ge=0)
+    local_tokens: Int = Field(512, ge=0)
+    dense_layers: list[Index] = Field(default_factory=lambda: [0])
+    dense_below_tokens: Int = Field(4096, ge=0)
     # Decode steps (one query token) sparse or dense; None: the method's default, dense for QuoKA
     # (its scoring reads every past key, so a decode step saves little and pays the selection;
     # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata)
     # where it pays: on GPUs with a measured break-even (``cost.decode_break_even_tokens``) a step
     # whose decode rows add up to fewer past tokens decodes dense; True: every decode row past
     # ``dense_below_tokens`` sparse; False: decode dense.
-    sparse_decode: bool | None = None
+    sparse_decode: Bool | None = None
     # Prefill chunks sparse or dense; None: decided per chunk from cost (``vllm_sparse.cost``: on
     # GPUs with a measured cost table a chunk runs sparse only where the modelled sparse time,
     # selection included, beats dense FlashAttention; elsewhere every chunk past
     # ``dense_below_tokens`` runs sparse); True: every such chunk sparse; False: prefill dense.
-    sparse_prefill: bool | None = None
+    sparse_prefill: Bool | None = None
     # Prefill chunks score pages with their last ``chunk_query_window`` queries only; 0: every query
     # of the chunk (the papers' rule); None: the method's default, 64 for Twilight (its INT4 mass
     # estimate over every query of an 8K chunk made TTFT at 128K 5x slower than dense; with 64,
     # faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json) and 0 for the others.
-    chunk_query_window: int | None = Field(None, ge=0)
+    chunk_query_window: Int | None = Field(None, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     # A test and diagnostic switch: rows whose budget covers the context still run the whole sparse
     # path (selection, tables, sparse executor; every page is then selected) instead of the dense
     # shortcut, so that "a covering budget equals dense" tests the selection path end to end.
-    force_sparse: bool = False
+    force_sparse: Bool = False
     quoka: QuokaOptions = QuokaOptions()
     quest: QuestOptions = QuestOptions()
     twilight: TwilightOptions = TwilightOptions()
     kascade: KascadeOptions = KascadeOptions()
     compact: CompactOptions = CompactOptions()
-    layers: dict[int, LayerOverride] = Field(default_factory=dict)
+    layers: dict[Annotated[int, Field(ge=0)], LayerOverride] = Field(default_factory=dict)
     # Model names a shipped config matches besides its file name (hub names, e.g. "Qwen/Qwen3-8B");
     # no effect on the policy.
     models: list[str] = Field(default_factory=list)
@@ -301,15 +326,21 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> list[str]:
     for e in err.errors():
         if "must not exceed" in e["msg"]:
             continue  # reported by _budget_order_reasons
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
         value = e.get("input")
+        tags = [x for x in e["loc"] if isinstance(x, str) and "[" in x and x != "[key]"]  # union branches
+        if any(t.startswith("literal[") for t in tags) and isinstance(value, list):
+            continue  # a list given where a list or a name goes: report the list's errors only
+        if e["loc"][-1:] and str(e["loc"][-1]).startswith("list[") and isinstance(value, str):
+            continue  # and a name given: report the name's error only
+        loc = ".".join(str(x) for x in e["loc"] if x not in tags) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             reasons.append(f"{loc}: unknown field")
         elif e["type"] == "literal_error" or isinstance(value, (int, float, str, bool, type(None))):
-            reasons.append(f"{loc} = {value!r}: {e['msg']}")
+            reasons.append(f"{loc} = {value!r}: {msg}")
         else:
-            reasons.append(f"{loc}: {e['msg']}")
-    return reasons
+            reasons.append(f"{loc}: {msg}")
+    return reasons or [str(err)]  # (never empty: a filtered union still fails)
 
 
 def _budget_order_reasons(data: dict[str, Any]) -> list[str]:

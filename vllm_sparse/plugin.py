@@ -58,8 +58,6 @@ def _patch_cpu_platform() -> None:
 
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
         if selected_backend is not None and selected_backend.name in BACKENDS:
-            if attn_selector_config.use_mla:
-                raise ValueError(f"{selected_backend.name} does not support MLA models")
             backend_cls = selected_backend.get_class()
             reasons = backend_cls.validate_configuration(
                 device_capability=None, **attn_selector_config._asdict()
@@ -67,7 +65,7 @@ def _patch_cpu_platform() -> None:
             if reasons:
                 raise ValueError(
                     f"Selected backend {selected_backend.name} is not valid for this configuration. "
-                    f"Reasons: {reasons}"
+                    "Reasons:\n  - " + "\n  - ".join(reasons)
                 )
             logger.info("vllm-sparse: using %s on CPU", selected_backend.name)
             return selected_backend.get_path()

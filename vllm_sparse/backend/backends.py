@@ -8,6 +8,7 @@ them fails at engine start with a clear reason instead of running dense silently
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import ClassVar
 
 import torch
@@ -80,9 +81,43 @@ class SparseBackend(AttentionBackend):
 
     @classmethod
     def validate_configuration(cls, *args, **kwargs) -> list[str]:
-        """vLLM's checks plus ours (method implemented, selector config valid for the model)."""
+        """vLLM's checks, each with what was asked and what would work, plus ours (method
+        implemented, selector config valid for the model)."""
         reasons = super().validate_configuration(*args, **kwargs)
-        return reasons + sparse_config_reasons(cls.method, get_current_vllm_config())
+        asked = inspect.signature(AttentionBackend.validate_configuration).bind(*args, **kwargs).arguments
+        return [cls.explain(r, asked) for r in reasons] + sparse_config_reasons(cls.method, get_current_vllm_config())
+
+    @classmethod
+    def explain(cls, reason: str, asked: dict) -> str:
+        """One of vLLM's terse reasons ("head_size not supported"), with the value and the fix."""
+        name = f"sparse_{cls.method}"
+        details = {
+            "head_size not supported": lambda: (
+                f"head size {asked.get('head_size')}; {name} on GPUs runs "
+                f"{', '.join(map(str, cls.get_supported_head_sizes()))}"
+            ),
+            "dtype not supported": lambda: (
+                f"{asked.get('dtype')}; {name} runs float16 or bfloat16 (float32 on CPUs only): pass --dtype bfloat16"
+            ),
+            "kv_cache_dtype not supported": lambda: (
+                f"{asked.get('kv_cache_dtype')!r}; {name} selects pages "
+                f"from full-precision keys ({', '.join(cls.supported_kv_cache_dtypes)}): drop --kv-cache-dtype"
+            ),
+            "block_size not supported": lambda: (
+                f"block size {asked.get('block_size')}; {name} pages must "
+                "be a multiple of 16 tokens: pass --block-size 16, 32 or 64"
+            ),
+            "MLA not supported": lambda: (
+                f"{name} attends over per-head keys; MLA (latent attention, DeepSeek-style) models are not supported"
+            ),
+            "sliding window not supported": lambda: (
+                f"{name} selects from the whole context; use a model without sliding-window layers"
+            ),
+            "attention sinks not supported": lambda: f"{name} does not add learned sink logits",
+            "compute capability not supported": lambda: f"{name} needs compute capability 8.0 or newer",
+        }
+        detail = details.get(reason)
+        return f"{reason}: {detail()}" if detail else f"{reason} ({name})"
 
     @staticmethod
     def get_builder_cls() -> type[SparseMetadataBuilder]:

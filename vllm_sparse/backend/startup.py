@@ -42,8 +42,9 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
         reasons.append(f"sparse_{method} is not implemented yet in vllm-sparse (implemented: {implemented})")
     try:
         cfg = load_config(method, vllm_config).config
-    except SparseConfigError as e:
-        return reasons + [f"config ({e.source}): {r}" for r in e.reasons]
+    except SparseConfigError as e:  # still report the engine's other problems below
+        cfg = None
+        reasons += [f"config ({e.source}): {r}" for r in e.reasons]
     if getattr(vllm_config, "speculative_config", None) is not None:
         reasons.append(
             "speculative decoding is not supported: sparse decode rows are planned from exact sequence "
@@ -53,7 +54,7 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
     if method == "twilight" and block and block & (block - 1):
         reasons.append(f"sparse_twilight needs a power-of-two block size for its INT4 key shadows (got {block})")
     mc = getattr(vllm_config, "model_config", None)
-    if mc is not None:
+    if mc is not None and cfg is not None:
         hkv = mc.get_total_num_kv_heads()
         reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers(), hkv)]
     return reasons
