@@ -161,3 +161,102 @@ def test_eval_end_to_end_tiny(tiny_llama, tmp_path):
     assert (out / "report.md").read_text() == report
     for png in ("accuracy_vs_context.png", "accuracy_vs_budget.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+# --------------------------------------------------------------------------- statistics (no engine)
+
+
+def test_wilson_interval_hand_computed():
+    from vllm_sparse.eval.intervals import mean_interval, wilson_interval
+
+    # z = 1.96: 0/10 -> [0, z^2 / (n + z^2)], 10/10 its mirror, 5/10 symmetric around 0.5
+    assert wilson_interval(0.0, 10) == pytest.approx((0.0, 0.277533), abs=1e-6)
+    assert wilson_interval(1.0, 10) == pytest.approx((0.722467, 1.0), abs=1e-6)
+    assert wilson_interval(0.5, 10) == pytest.approx((0.236593, 0.763407), abs=1e-6)
+    assert wilson_interval(1.0, 20) == pytest.approx((0.838875, 1.0), abs=1e-6)
+    cell = mean_interval([1, 1, 1, 0] * 5)  # 15/20
+    assert (cell.mean, cell.n, cell.method) == (0.75, 20, "wilson")
+    assert (cell.lo, cell.hi) == pytest.approx((0.531299, 0.888138), abs=1e-6)
+    graded = mean_interval([0.5] * 10)  # graded scores: the binomial bound, conservative
+    assert (graded.lo, graded.hi) == pytest.approx((0.236593, 0.763407), abs=1e-6)
+    with pytest.raises(ValueError):
+        mean_interval([])
+
+
+def test_t_quantiles():
+    from vllm_sparse.eval.intervals import t_quantile
+
+    for df, want in ((1, 12.706205), (2, 4.302653), (9, 2.262157), (19, 2.093024), (1000, 1.962339)):
+        assert t_quantile(0.975, df) == pytest.approx(want, abs=1e-5)
+    assert t_quantile(0.025, 9) == pytest.approx(-2.262157, abs=1e-5)
+    assert t_quantile(0.5, 4) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_paired_difference():
+    from vllm_sparse.eval.intervals import paired_difference
+
+    same = paired_difference([1, 0, 1, 0.5] * 5, [1, 0, 1, 0.5] * 5)  # identical answers: zero width
+    assert (same.mean, same.lo, same.hi, same.n) == (0.0, 0.0, 0.0, 20) and not same.excludes_zero
+    # two of ten answers lost: mean -0.2, sd 0.42164, t(9) = 2.26216 -> -0.2 +- 0.30162
+    lost = paired_difference([1] * 8 + [0] * 2, [1] * 10)
+    assert lost.mean == pytest.approx(-0.2)
+    assert (lost.lo, lost.hi) == pytest.approx((-0.501620, 0.101620), abs=1e-5)
+    assert not lost.excludes_zero
+    clipped = paired_difference([0] * 6 + [1] * 2, [1] * 8)  # -0.75 +- 0.39 would pass -1
+    assert clipped.lo == -1.0 and clipped.hi < 0 and clipped.excludes_zero
+    assert paired_difference([1], [0]).lo is None  # one pair: no interval
+    with pytest.raises(ValueError):
+        paired_difference([1, 0], [1])
+
+
+def _rec(backend, task, index, score, prompt_hash=None):
+    return {"backend": backend, "task": task, "context": 4096, "index": index, "score": score,
+            "prompt_hash": prompt_hash or f"{task}{index}"}  # fmt: skip
+
+
+def test_cells_pair_samples_by_prompt():
+    from vllm_sparse.eval.cells import ALL, accuracy_table, paired_table
+
+    records = [_rec("dense", "a", i, 1.0) for i in range(4)] + [_rec("dense", "b", i, 0.5) for i in range(4)]
+    records += [_rec("sp", "a", i, 1.0 if i else 0.0) for i in range(4)]  # loses sample a0
+    records += [_rec("sp", "b", i, 0.5) for i in range(3)] + [_rec("sp", "b", 3, 1.0, "other prompt")]
+    table = accuracy_table(records)
+    assert table[("dense", "a", 4096)].mean == 1.0 and table[("dense", "a", 4096)].n == 4
+    assert table[("dense", ALL, 4096)].mean == 0.75 and table[("dense", ALL, 4096)].n == 8
+    assert table[("sp", "b", 4096)].mean == pytest.approx(0.625)
+    paired = paired_table(records, "dense")
+    assert ("dense", "a", 4096) not in paired
+    diff_a, unpaired_a = paired[("sp", "a", 4096)]
+    assert (diff_a.mean, diff_a.n, unpaired_a) == (-0.25, 4, 0)
+    diff_b, unpaired_b = paired[("sp", "b", 4096)]  # b3 ran another prompt: not paired
+    assert (diff_b.mean, diff_b.n, diff_b.lo, diff_b.hi, unpaired_b) == (0.0, 3, 0.0, 0.0, 1)
+    diff_all, _ = paired[("sp", ALL, 4096)]
+    assert diff_all.n == 7 and diff_all.mean == pytest.approx(-1 / 7)  # a0 lost, b3 unpaired
+
+
+def test_report_tables_show_intervals():
+    from vllm_sparse.eval.cells import accuracy_table, paired_table
+    from vllm_sparse.eval.stats_tables import accuracy_json, accuracy_lines, difference_json, difference_lines
+
+    records = [_rec("dense", "a", i, 1.0) for i in range(20)] + [_rec("sp", "a", i, float(i >= 5)) for i in range(20)]
+    table, paired = accuracy_table(records), paired_table(records, "dense")
+    text = "\n".join(accuracy_lines(table, "dense", ["sp"], ["a"], [4096]))
+    assert "| a | 4096 | 1.00 [0.84, 1.00] | 0.75 [0.53, 0.89] |" in text
+    diff = "\n".join(difference_lines(paired, "dense", ["sp"], ["a"], [4096]))
+    assert "| a | 4096 | **-0.25 [-0.46, -0.04]** |" in diff  # t(19) interval excludes 0: bold
+    rows = accuracy_json(table)
+    assert {"backend": "sp", "task": "a", "context": 4096, "accuracy": 0.75, "n": 20, "ci95": [0.5313, 0.8881],
+            "ci_method": "wilson"} in rows  # fmt: skip
+    (d,) = [r for r in difference_json(paired) if r["task"] == "a"]
+    assert d["difference"] == -0.25 and d["n"] == 20 and d["unpaired"] == 0 and d["ci_method"] == "paired-t"
+
+
+def test_default_samples_per_platform(monkeypatch):
+    import torch
+
+    from vllm_sparse.eval.runner import SAMPLES_CPU, SAMPLES_GPU, default_samples
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_samples() == SAMPLES_GPU >= 20
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_samples() == SAMPLES_CPU

@@ -1,4 +1,4 @@
-"""``vllm-sparse``: show-config, passkey (the main job), calibrate (Kascade anchors)."""
+"""``vllm-sparse``: show-config, passkey (the main job), calibrate (Kascade anchors), eval, recall."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vllm_sparse.config import SparseConfigError, method_of_backend, resolve_config, shipped_configs
 from vllm_sparse.eval.cli import add_eval_parser
+from vllm_sparse.eval.recall_cli import add_recall_parser
 
 
 def _num_layers(model: str) -> int | None:
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--png", default=None, help="similarity-matrix plot (default: the YAML path with .png)")
     c.set_defaults(fn=calibrate)
     add_eval_parser(sub)
+    add_recall_parser(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -3,10 +3,13 @@
 Files in the run's ``out_dir``:
 
 * ``samples.json``  one record per (backend, sample): prompt hash, expected, output, score, ...;
-* ``summary.json``  config, machine, command, timings, mean accuracy per (backend, task, context);
-* ``report.md``     the table: per task and context, dense accuracy beside each sparse backend's
-                    (with the difference), then the mean over tasks;
-* ``accuracy_vs_context.png``  mean accuracy over tasks against context length, one line per backend;
+* ``summary.json``  config, machine, command, timings; per (backend, task, context) the mean score,
+                    sample count and 95% interval, and per sparse backend the paired difference to
+                    dense on the same prompts with its 95% interval (``cells.py``, ``intervals.py``);
+* ``report.md``     the same as tables: per task and context each backend's mean [95% interval],
+                    then each sparse backend's paired difference to dense [95% interval];
+* ``accuracy_vs_context.png``  mean accuracy over tasks against context length, one line per backend,
+                               with its 95% intervals;
 * ``accuracy_vs_budget.png``   mean accuracy against budget fraction, one line per (method, context),
                                the dense accuracy as a dashed line of the same colour.
 """
@@ -22,12 +25,12 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ALL = "all tasks"
+from vllm_sparse.eval.cells import ALL, accuracy_table, paired_table
+from vllm_sparse.eval.stats_tables import accuracy_json, accuracy_lines, difference_json, difference_lines
+
 RERENDER_HINT = "python -m vllm_sparse.eval.report OUT_DIR"
 logger = logging.getLogger(__name__)
 
@@ -59,20 +62,6 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
-
-
-def accuracy_table(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str, int], tuple[float, int]]:
-    """Mean score and sample count per (backend, task, context); task ``ALL`` is the mean over tasks."""
-    scores: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-    for r in records:
-        scores[(r["backend"], r["task"], r["context"])].append(r["score"])
-    table = {k: (sum(v) / len(v), len(v)) for k, v in scores.items()}
-    per_task: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for (backend, _, ctx), (mean, _) in table.items():
-        per_task[(backend, ctx)].append(mean)
-    for (backend, ctx), means in per_task.items():
-        table[(backend, ALL, ctx)] = (sum(means) / len(means), len(means))
-    return table
 
 
 def _budget_tokens(backend, contexts) -> str:
@@ -124,27 +113,16 @@ def markdown(result, table: dict, machine: dict, command: str) -> str:
             lines.append(
                 f"(past tokens selected per KV head at the full context: {_budget_tokens(r.backend, contexts)})"
             )
-    lines += ["", "Accuracy (mean score; sparse columns show the difference to dense in brackets):", ""]
-    header = ["task", "context", f"{dense} (dense)" if dense else "dense", *sparse]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for ctx in contexts:
-        for task in tasks:
-            base = table.get((dense, task, ctx))
-            row = [task if task != ALL else f"**{ALL}**", str(ctx), f"{base[0]:.2f}" if base else "-"]
-            for label in sparse:
-                cell = table.get((label, task, ctx))
-                if cell is None:
-                    row.append("-")
-                elif base is None:
-                    row.append(f"{cell[0]:.2f}")
-                else:
-                    row.append(f"{cell[0]:.2f} ({cell[0] - base[0]:+.2f})")
-            lines.append("| " + " | ".join(row) + " |")
+    records = [rec for r in runs for rec in r.records]
+    lines += accuracy_lines(table, dense, sparse, tasks, contexts)
+    if dense:
+        lines += difference_lines(paired_table(records, dense), dense, sparse, tasks, contexts)
     return "\n".join(lines) + "\n"
 
 
 def plot_context(result, table: dict, path: Path) -> None:
-    """Mean accuracy over tasks against context length, one line per backend."""
+    """Mean accuracy over tasks against context length, one line per backend, with the 95% intervals
+    as error bars (backends side by side, slightly shifted, so that the bars stay apart)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,10 +130,15 @@ def plot_context(result, table: dict, path: Path) -> None:
 
     contexts = sorted({s.context for s in result.samples})
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in result.runs:
-        label = r.backend.label
-        ys = [table.get((label, ALL, c), (float("nan"), 0))[0] for c in contexts]
-        ax.plot(contexts, ys, marker="o", linestyle="--" if not r.backend.is_sparse else "-", label=label)
+    nan = float("nan")
+    for i, r in enumerate(result.runs):
+        cells = [table.get((r.backend.label, ALL, c)) for c in contexts]
+        ys = [c.mean if c else nan for c in cells]
+        err = [[c.mean - c.lo if c and c.lo is not None else nan for c in cells],
+               [c.hi - c.mean if c and c.hi is not None else nan for c in cells]]  # fmt: skip
+        xs = [c * 2 ** (0.03 * (i - (len(result.runs) - 1) / 2)) for c in contexts]
+        style = "--" if not r.backend.is_sparse else "-"
+        ax.errorbar(xs, ys, yerr=err, marker="o", linestyle=style, capsize=3, label=r.backend.label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(contexts, [f"{c // 1024}K" for c in contexts])
     ax.set_ylim(-0.05, 1.05)
@@ -185,14 +168,14 @@ def plot_budget(result, table: dict, path: Path) -> None:
         color = colors[i % len(colors)]
         for method in methods:
             points = sorted(
-                (r.backend.budget, table[(r.backend.label, ALL, ctx)][0])
+                (r.backend.budget, table[(r.backend.label, ALL, ctx)].mean)
                 for r in result.runs
                 if r.backend.method == method and (r.backend.label, ALL, ctx) in table and r.backend.budget
             )
             if points:
                 ax.plot(*zip(*points), marker="o", color=color, label=f"{method} @ {ctx // 1024}K")
         if dense and (dense, ALL, ctx) in table:
-            ax.axhline(table[(dense, ALL, ctx)][0], color=color, linestyle="--", label=f"dense @ {ctx // 1024}K")
+            ax.axhline(table[(dense, ALL, ctx)].mean, color=color, linestyle="--", label=f"dense @ {ctx // 1024}K")
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("budget (fraction of the context)")
     ax.set_ylabel("accuracy (mean over tasks)")
@@ -212,6 +195,7 @@ def write_report(result) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     records = [rec for r in result.runs for rec in r.records]
     table = accuracy_table(records)
+    dense = next((r.backend.label for r in result.runs if not r.backend.is_sparse), None)
     machine = machine_info()
     command = result.config.command or " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
     files = {
@@ -240,10 +224,8 @@ def write_report(result) -> dict[str, str]:
             }
             for r in result.runs
         ],
-        "accuracy": [
-            {"backend": b, "task": t, "context": c, "accuracy": round(m, 4), "n": n}
-            for (b, t, c), (m, n) in sorted(table.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0]))
-        ],
+        "accuracy": accuracy_json(table),
+        "paired_difference": difference_json(paired_table(records, dense)) if dense else [],
     }
     files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
     result.markdown = markdown(result, table, machine, command)

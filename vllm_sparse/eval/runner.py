@@ -66,6 +66,18 @@ def dense_backend_name() -> str:
     return "FLASH_ATTN" if torch.cuda.is_available() else "CPU_ATTN"
 
 
+SAMPLES_GPU = 20  # per (task, context): what the issue asks of recorded runs, cheap on a GPU
+SAMPLES_CPU = 2  # a CPU engine takes about a minute per sample and backend
+
+
+def default_samples() -> int:
+    """Samples per task and context when none are asked for: ``SAMPLES_GPU`` with a CUDA GPU,
+    ``SAMPLES_CPU`` otherwise."""
+    import torch
+
+    return SAMPLES_GPU if torch.cuda.is_available() else SAMPLES_CPU
+
+
 def implemented_methods() -> tuple[str, ...]:
     """Sparse methods that have a selector (``quoka``, ...)."""
     from vllm_sparse.selectors import IMPLEMENTED_METHODS

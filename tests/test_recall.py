@@ -1,0 +1,146 @@
+"""The attention-recall measure (``vllm_sparse/eval/recall*.py``) on synthetic queries and keys, and the
+capture on the tiny random-weight model: no download, a few seconds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vllm_sparse.config import parse_config
+from vllm_sparse.eval.recall import PageMass, covered, dense_page_mass, needle_coverage, needle_mass, oracle_pages
+from vllm_sparse.eval.recall_run import measure_layer
+from vllm_sparse.eval.recall_select import select
+
+N, HQ, HKV, D = 16, 4, 2, 16
+SCALE = D**-0.5
+BASE = {"sink_tokens": 16, "local_tokens": 64, "dense_layers": [0], "dense_below_tokens": 0,
+        "budget": {"fraction": 0.25, "min_tokens": 0}, "quoka": {"num_queries": 8}}  # fmt: skip
+
+
+def _qk(seq: int, queries: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q [queries, HQ, D]`` and ``k [seq, HKV, D]`` with a few keys that attract attention."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(seq, HKV, D, generator=g)
+    q = torch.randn(queries, HQ, D, generator=g)
+    hot = torch.randint(0, seq - 100, (12,), generator=g)
+    k[hot] += 3 * q[:, ::2].mean(dim=0)  # keys aligned with the queries of each group's first head
+    return q, k
+
+
+def _config(method: str, **fields):
+    data = {**BASE, **fields}
+    return parse_config(data, method, "test")
+
+
+def test_dense_mass_sums_to_one_per_query_head():
+    q, k = _qk(600, 40)
+    mass = dense_page_mass(q, k, num_past=560 // N, page_size=N, scale=SCALE)
+    assert mass.past.shape == (HKV, HQ // HKV, 560 // N)
+    torch.testing.assert_close(mass.past.sum(-1) + mass.rest, torch.ones(HKV, HQ // HKV))
+    everything = torch.arange(560 // N)
+    torch.testing.assert_close(covered(mass, everything, [torch.zeros(0, dtype=torch.int64)] * HKV),
+                               torch.ones(HKV, HQ // HKV))  # fmt: skip
+    # one query: the exact softmax by hand
+    w = torch.softmax(torch.einsum("hd,shd->hs", q[-1], k.repeat_interleave(2, dim=1)) * SCALE, dim=-1)
+    one = dense_page_mass(q[-1:], k, num_past=10, page_size=N, scale=SCALE)
+    torch.testing.assert_close(one.past.reshape(HQ, 10), w[:, :160].reshape(HQ, 10, N).sum(-1))
+
+
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight"])
+@pytest.mark.parametrize("queries", [1, 48])
+def test_oracle_bounds_every_selector(method, queries):
+    seq = 1000
+    q, k = _qk(seq, queries, seed=queries)
+    config = _config(method)
+    choice = select(config, 3, q, k, N, SCALE)
+    assert choice.plan.sparse and choice.plan.num_select > 0
+    counts = [int(s.numel()) for s in choice.selected]
+    forced = set(choice.forced_past.tolist())
+    for sel in choice.selected:
+        assert not forced & set(sel.tolist()) and len(set(sel.tolist())) == sel.numel()
+    if method != "twilight":
+        assert counts == [choice.plan.num_select] * HKV
+    mass = dense_page_mass(q, k, choice.plan.num_past_pages, N, SCALE)
+    got = covered(mass, choice.forced_past, choice.selected)
+    best = covered(mass, choice.forced_past, oracle_pages(mass, choice.forced_past, counts))
+    assert (best.mean(dim=1) >= got.mean(dim=1) - 1e-6).all()  # the group mean is what the oracle maximises
+    assert 0.0 < got.min() and got.max() <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight"])
+def test_full_budget_covers_everything(method):
+    q, k = _qk(800, 16)
+    full = {"budget": {"fraction": 1.0, "min_tokens": 0, "max_tokens": None},
+            "twilight": {"top_p": 1.0, "candidate_fraction": 1.0}}  # fmt: skip
+    for fields in (full, {**full, "force_sparse": True}):  # dense shortcut, then the selection path
+        choice = select(_config(method, **fields), 2, q, k, N, SCALE)
+        assert choice.plan.sparse == bool(fields.get("force_sparse"))
+        mass = dense_page_mass(q, k, choice.plan.num_past_pages, N, SCALE)
+        torch.testing.assert_close(covered(mass, choice.forced_past, choice.selected), torch.ones(HKV, HQ // HKV))
+
+
+def test_needle_coverage():
+    forced = torch.tensor([0, 9])
+    assert needle_coverage(torch.tensor([3, 4]), forced, [torch.tensor([3, 4]), torch.tensor([3])], 10) == [1.0, 0.5]
+    assert needle_coverage(torch.tensor([12]), forced, [torch.tensor([1])], 10) is None  # the step's own page
+    assert needle_coverage(torch.tensor([3, 12]), forced, [torch.tensor([1])], 10) == [0.0]
+    past = torch.zeros(2, 2, 10)
+    past[0, :, 3], past[0, :, 4], past[1, 0, 4] = 0.2, 0.1, 0.4  # head 1's second query head: nothing
+    mass = PageMass(past, torch.zeros(2, 2))
+    total, got = needle_mass(mass, torch.tensor([3, 4, 12]), forced, [torch.tensor([3]), torch.tensor([3])])
+    assert total == pytest.approx([0.3, 0.2]) and got == pytest.approx([0.2, 0.0])
+
+
+def test_measure_layer_records(tmp_path):
+    q, k = _qk(900, 33)
+    configs = {(b, m): _config(m, budget={"fraction": b, "min_tokens": 0}) for b in (0.125, 0.25)
+               for m in ("quest", "quoka")}  # fmt: skip
+    cq, ck = q[:-1], k[:-1]
+    start = 899 - 32
+    steps = {
+        "prefill": (cq, ck, {"prefill": dense_page_mass(cq, ck, start // N, N, SCALE),
+                             "prefill_last": dense_page_mass(cq[-1:], ck, start // N, N, SCALE)}),
+        "decode": (q[-1:], k, {"decode": dense_page_mass(q[-1:], k, 900 // N, N, SCALE)}),
+    }  # fmt: skip
+    recs = measure_layer(configs, 0, steps, torch.tensor([5, 6]), N, SCALE)
+    assert len(recs) == 4 * 3
+    for r in recs:
+        assert r["oracle"] >= r["recall"] - 1e-6 and r["oracle_selectable"] >= r["selectable"] - 1e-6
+        assert r["dense_layer"] and r["engine_dense"]  # layer 0 is a dense layer of BASE
+        assert len(r["recall_heads"]) == HKV and len(r["recall_heads"][0]) == HQ // HKV
+    # the summary, tables and plot of a run made of these records (layer 0 measured as layer 1 too)
+    from vllm_sparse.eval.recall_report import summarize, write_outputs
+
+    records = [{"prompt": 0, "context": 1024, **r, "layer": lyr, "dense_layer": lyr == 0, "engine_dense": lyr == 0}
+               for lyr in (0, 1)
+               for r in recs]  # fmt: skip
+    result = {"command": "test", "model": "synthetic", "prompts": [{"task": "t", "context": 1024, "depth": 0.5}],
+              "sparse_config": {"file": "x.yaml", "fields": BASE}, "config": {"variants": {}},
+              "summary": summarize(records), "records": records}  # fmt: skip
+    assert len(result["summary"]) == 3 * 2 * 2  # phase x budget x method, layer 1 only
+    assert all(s["needle_kept"] <= 1.0 + 1e-6 for s in result["summary"] if s["needle_kept"] is not None)
+    files = write_outputs(result, tmp_path)
+    assert "| decode | 0.25 | quest |" in (tmp_path / "tables.md").read_text()
+    assert (tmp_path / "recall_per_layer_1k.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "recall.json").read_text())["records"] == records and len(files) == 3
+    small = [r["recall"] for r in recs if r["budget"] == 0.125 and r["phase"] == "decode"]
+    large = [r["recall"] for r in recs if r["budget"] == 0.25 and r["phase"] == "decode"]
+    assert min(large) >= max(0.0, min(small) - 1e-6)
+
+
+def test_capture_chunked_equals_whole(tiny_llama):
+    """Chunked prefill (a cache, a mask with a query offset) gives the keys and queries of one pass."""
+    from vllm_sparse.eval.capture import capture, load_model
+
+    model, tok = load_model(tiny_llama, torch.float32)
+    ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 6, add_special_tokens=False)
+    whole = capture(model, ids, keep_from=100, chunk_size=4096, cache_dtype=torch.float32, progress=False)
+    chunked = capture(model, ids, keep_from=100, chunk_size=64, cache_dtype=torch.float32, progress=False)
+    assert len(whole.keys) == model.config.num_hidden_layers
+    assert whole.keys[0].shape == (len(ids) + 1, model.config.num_key_value_heads, 64)
+    assert whole.queries[0].shape == (len(ids) + 1 - 100, model.config.num_attention_heads, 64)
+    assert whole.decode_token == chunked.decode_token
+    for a, b in zip(whole.keys + whole.queries, chunked.keys + chunked.queries, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,134 @@
+"""Capture a model's post-RoPE queries and keys on one prompt, with transformers on the CPU.
+
+The prompt runs as vLLM's chunked prefill runs it (chunks of ``chunk_size`` tokens from position 0,
+each attending to the cache of the ones before), then one greedy decode step: the token the model
+answers first is fed back, so its query is a real decode query (position ``T``, ``T + 1`` keys).
+
+A custom attention function (transformers' ``AttentionInterface``, registered as
+``vllm_sparse_capture``) sees every layer's queries after RoPE and the keys after the cache update,
+records what the recall measure needs and hands the call to SDPA, so the model computes as before:
+
+* ``keys[layer]``: ``[T + 1, Hkv, D]`` every key of the prompt and of the decode token;
+* ``queries[layer]``: ``[T + 1 - keep_from, Hq, D]`` the queries from position ``keep_from`` on
+  (the last prefill chunk and the decode token; earlier queries are not kept, to save memory).
+
+Tensors are rounded to ``cache_dtype`` (vLLM keeps K in the model dtype, bfloat16 in the eval) and
+kept as float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION_NAME = "vllm_sparse_capture"
+
+
+@dataclass
+class Capture:
+    """What one prompt left behind.
+
+    Attributes:
+        queries: per layer ``float32 [T + 1 - keep_from, Hq, D]``, position ``keep_from + i``.
+        keys: per layer ``float32 [T + 1, Hkv, D]``.
+        keep_from: position of ``queries[l][0]``.
+        prompt_len: ``T``; position ``T`` is the decode token.
+        decode_token: the token id the model answered first (greedy).
+        scale: the layers' softmax scale.
+    """
+
+    queries: list[torch.Tensor]
+    keys: list[torch.Tensor]
+    keep_from: int
+    prompt_len: int
+    decode_token: int
+    scale: float
+
+
+class _Recorder:
+    """The attention function's state: where the current chunk starts and what was kept so far."""
+
+    def __init__(self, keep_from: int, cache_dtype: torch.dtype):
+        self.keep_from = keep_from
+        self.cache_dtype = cache_dtype
+        self.offset = 0  # position of the current chunk's first token
+        self.queries: dict[int, list[torch.Tensor]] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+        self.scale = 1.0
+
+    def record(self, layer: int, query: torch.Tensor, key: torch.Tensor, scale: float) -> None:
+        """``query [1, Hq, C, D]`` of the chunk, ``key [1, Hkv, S, D]`` every key so far."""
+        self.scale = scale
+        c = query.shape[2]
+        skip = max(0, self.keep_from - self.offset)
+        if skip < c:
+            q = query[0, :, skip:].transpose(0, 1).to(self.cache_dtype).float()  # [C', Hq, D]
+            self.queries.setdefault(layer, []).append(q)
+        self.keys[layer] = key[0].transpose(0, 1)  # [S, Hkv, D] (a view of the cache)
+
+
+_ACTIVE: list[_Recorder] = []
+
+
+def _capture_attention(module, query, key, value, attention_mask, **kwargs):
+    """``AttentionInterface`` function: record, then SDPA (``query [B, Hq, C, D]``, ``key/value
+    [B, Hkv, S, D]`` after the cache update)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if _ACTIVE:
+        _ACTIVE[-1].record(module.layer_idx, query, key, kwargs.get("scaling") or query.shape[-1] ** -0.5)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32):
+    """The model (eval mode, capture attention) and its tokenizer from a HuggingFace folder."""
+    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, _capture_attention)
+    # the mask SDPA gets (an unknown name gets none: chunks after the first would then be
+    # masked top-left causal, i.e. blind to most of the cache)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+@torch.no_grad()
+def capture(model, ids: list[int], keep_from: int, chunk_size: int = 2048,
+            cache_dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Capture:  # fmt: skip
+    """Run ``ids`` (``T`` prompt tokens) in chunks of ``chunk_size``, then one greedy decode step.
+
+    Args:
+        model: from :func:`load_model`.
+        ids: the prompt's token ids.
+        keep_from: first position whose queries are kept (e.g. the last chunk's start).
+    """
+    from tqdm.auto import tqdm
+    from transformers import DynamicCache
+
+    rec = _Recorder(keep_from, cache_dtype)
+    _ACTIVE.append(rec)
+    try:
+        cache = DynamicCache(config=model.config)
+        starts = list(range(0, len(ids), chunk_size))
+        logits = None
+        for start in tqdm(starts, desc="prefill chunks", disable=not progress, leave=False):
+            rec.offset = start
+            chunk = torch.tensor([ids[start : start + chunk_size]])
+            out = model(input_ids=chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits
+        token = int(logits[0, -1].argmax())
+        rec.offset = len(ids)
+        model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        _ACTIVE.remove(rec)
+    layers = sorted(rec.keys)
+    return Capture(
+        queries=[torch.cat(rec.queries[i]) for i in layers],
+        keys=[rec.keys[i].to(cache_dtype).float() for i in layers],
+        keep_from=keep_from,
+        prompt_len=len(ids),
+        decode_token=token,
+        scale=rec.scale,
+    )

@@ -1,0 +1,223 @@
+"""Run the attention-recall measure (``eval/recall.py``) on a real model and the eval tasks' prompts.
+
+Per prompt: capture every layer's post-RoPE queries and keys (``eval/capture.py``, chunked
+prefill as vLLM runs it, then one greedy decode step); then for every layer, budget and method the
+selector's pages (``eval/recall_select.py``, the shipped config's settings) and their recall beside
+the oracle's at the same page counts, in three phases:
+
+* ``prefill``: the prompt's last chunk (every query of it), with the chunk's selection;
+* ``prefill_last``: the last query of that chunk (the prompt's last token, whose output is the first
+  answer token), with the same selection;
+* ``decode``: the first decode token, with its own selection.
+
+One record per (prompt, phase, budget, method, layer); ``engine_dense`` marks the records whose
+layer and step the engine runs dense (dense layers, QuoKA's dense decode), measured anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vllm_sparse.eval.tasks import Sample
+
+if TYPE_CHECKING:
+    import torch
+
+PHASES = ("prefill", "prefill_last", "decode")
+
+
+@dataclass
+class RecallConfig:
+    """Everything a run needs; the defaults are the CPU run of ``benchmarks/results/attention_recall_*``."""
+
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    tasks: Sequence[str] = ("niah_single", "niah_multikey", "vt")
+    contexts: Sequence[int] = (8192,)
+    samples: int = 2
+    depths: Sequence[float] = (0.1, 0.5, 0.9)
+    seed: int = 0
+    methods: Sequence[str] = ("quoka", "quest", "twilight")
+    # name -> (method, further sparse_attention fields), e.g. {"quoka_w64": ("quoka", {"chunk_query_window": 64})}
+    variants: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    budgets: Sequence[float] = (0.125, 0.25)
+    page_size: int = 16
+    chunk_size: int = 2048
+    dtype: str = "bfloat16"
+    sparse_config: str | None = None  # YAML path; None: the shipped config matched on the model
+    out_dir: str = "attention_recall"
+    progress: bool = True
+    command: str = ""
+
+
+def method_configs(cfg: RecallConfig, base: dict[str, Any]) -> dict[tuple[float, str], Any]:
+    """``{(budget, name): SparseConfig}``: the base YAML's fields with the budget's fraction."""
+    from vllm_sparse.config import parse_config
+
+    named = {m: (m, {}) for m in cfg.methods} | dict(cfg.variants)
+    out = {}
+    for b in cfg.budgets:
+        for name, (method, extra) in named.items():
+            data = _merge(_merge(base, extra), {"budget": {"fraction": b}})
+            out[(b, name)] = parse_config(data, method, f"recall {name}@{b:g}")
+    return out
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top``'s fields, nested mappings merged."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def needle_pages(tokenizer, sample: Sample, page_size: int) -> torch.Tensor:
+    """``int64 [n]`` logical pages holding any occurrence of an expected answer in the prompt's
+    text before the question (the last 300 characters are left out)."""
+    import re
+
+    import torch
+
+    enc = tokenizer(sample.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    body = len(sample.prompt) - 300
+    pages = set()
+    for want in sample.expected:
+        for m in re.finditer(re.escape(want), sample.prompt[:body]):
+            for i, (a, b) in enumerate(enc["offset_mapping"]):
+                if a < m.end() and b > m.start():
+                    pages.add(i // page_size)
+    return torch.tensor(sorted(pages), dtype=torch.int64)
+
+
+def _needle_fields(mass, needle, forced, selected, oracle) -> dict[str, Any]:
+    """A record's needle fields (``eval/recall.py``): ``needle`` (share of the needle's past pages
+    attended per KV head, None without any), ``needle_mass`` (dense mass on them per KV head) and
+    ``needle_covered`` (its attended part); ``oracle_*``: the same for the oracle's pages."""
+    from vllm_sparse.eval.recall import needle_coverage, needle_mass
+
+    num_past = mass.past.shape[-1]
+    total, got = needle_mass(mass, needle, forced, selected)
+    _, oracle_got = needle_mass(mass, needle, forced, oracle)
+    r4 = lambda xs: [round(x, 5) for x in xs]  # noqa: E731
+    return {
+        "needle": needle_coverage(needle, forced, selected, num_past),
+        "oracle_needle": needle_coverage(needle, forced, oracle, num_past),
+        "needle_mass": r4(total), "needle_covered": r4(got), "oracle_needle_covered": r4(oracle_got),
+    }  # fmt: skip
+
+
+def measure_layer(configs: dict, layer: int, steps: dict[str, tuple], needle: torch.Tensor, page_size: int,
+                  scale: float) -> list[dict[str, Any]]:  # fmt: skip
+    """Records of one layer: ``steps`` maps a selection step (``prefill``, ``decode``) to
+    ``(queries [C, Hq, D], keys [S, Hkv, D], {phase: PageMass})``."""
+    from vllm_sparse.eval.recall import covered, oracle_pages, selectable_share
+    from vllm_sparse.eval.recall_select import select
+
+    out = []
+    for (budget, name), config in configs.items():
+        policy = config.for_layer(layer)
+        for step, (q, keys, masses) in steps.items():
+            choice = select(config, layer, q, keys, page_size, scale)
+            plan = choice.plan  # (not sparse: the budget covers the context, every past page is forced)
+            counts = [int(s.numel()) for s in choice.selected]
+            engine_dense = policy.dense or (step == "decode" and not policy.sparse_decode) or not plan.sparse
+            for phase, mass in masses.items():
+                oracle = oracle_pages(mass, choice.forced_past, counts)
+                rec, orc = covered(mass, choice.forced_past, choice.selected), covered(mass, choice.forced_past, oracle)
+                out.append({
+                    "phase": phase, "budget": budget, "method": name, "base_method": config.method, "layer": layer,
+                    "dense_layer": bool(policy.dense), "engine_dense": bool(engine_dense), "past_pages": plan.num_past_pages,
+                    "forced_pages": int(choice.forced_past.numel()), "selected_pages": counts,
+                    "recall": round(float(rec.mean()), 5), "oracle": round(float(orc.mean()), 5),
+                    "recall_heads": [[round(x, 4) for x in row] for row in rec.tolist()],
+                    "oracle_heads": [[round(x, 4) for x in row] for row in orc.tolist()],
+                    "selectable": round(float(selectable_share(mass, choice.forced_past, rec).mean()), 5),
+                    "oracle_selectable": round(float(selectable_share(mass, choice.forced_past, orc).mean()), 5),
+                    **_needle_fields(mass, needle, choice.forced_past, choice.selected, oracle),
+                })  # fmt: skip
+    return out
+
+
+def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallConfig) -> tuple[dict, list]:
+    """Capture one prompt and measure every layer; returns (prompt info, records)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from vllm_sparse.eval.capture import capture
+    from vllm_sparse.eval.recall import dense_page_mass
+
+    ids = tokenizer.encode(sample.prompt, add_special_tokens=False)
+    t = len(ids)
+    start = ((t - 1) // cfg.chunk_size) * cfg.chunk_size  # the last prefill chunk, as vLLM chunks
+    t0 = time.perf_counter()
+    cap = capture(model, ids, keep_from=start, chunk_size=cfg.chunk_size,
+                  cache_dtype=getattr(torch, cfg.dtype), progress=cfg.progress)  # fmt: skip
+    capture_s = time.perf_counter() - t0
+    n = cfg.page_size
+    needle = needle_pages(tokenizer, sample, n)
+    records = []
+    for layer in tqdm(range(len(cap.keys)), desc="layers", disable=not cfg.progress, leave=False):
+        q, k = cap.queries[layer], cap.keys[layer]
+        chunk_q, chunk_k = q[: t - start], k[:t]
+        dec_q, dec_k = q[t - start :], k[: t + 1]
+        steps = {
+            "prefill": (chunk_q, chunk_k, {
+                "prefill": dense_page_mass(chunk_q, chunk_k, start // n, n, cap.scale),
+                "prefill_last": dense_page_mass(chunk_q[-1:], chunk_k, start // n, n, cap.scale),
+            }),
+            "decode": (dec_q, dec_k, {"decode": dense_page_mass(dec_q, dec_k, t // n, n, cap.scale)}),
+        }  # fmt: skip
+        records += measure_layer(configs, layer, steps, needle, n, cap.scale)
+    info = {
+        "task": sample.task, "context": sample.context, "index": sample.index, "depth": sample.depth,
+        "prompt_tokens": t, "prompt_hash": sample.prompt_hash, "expected": list(sample.expected),
+        "last_chunk": [start, t], "needle_pages": needle.tolist(),
+        "first_token": tokenizer.decode([cap.decode_token]), "capture_s": round(capture_s, 1),
+    }  # fmt: skip
+    return info, records
+
+
+def run_recall(cfg: RecallConfig) -> dict[str, Any]:
+    """Measure every prompt; write ``recall.json`` (config, command, prompts, records, summary),
+    the plots and ``tables.md`` into ``cfg.out_dir``; returns the JSON's content."""
+    import torch
+    import yaml
+
+    from vllm_sparse.config import match_shipped_config
+    from vllm_sparse.eval.capture import load_model
+    from vllm_sparse.eval.models import resolve_model
+    from vllm_sparse.eval.recall_report import summarize, write_outputs
+    from vllm_sparse.eval.report import machine_info
+    from vllm_sparse.eval.tasks import make_samples
+
+    t0 = time.perf_counter()
+    path = resolve_model(cfg.model, progress=cfg.progress)
+    yaml_path = Path(cfg.sparse_config) if cfg.sparse_config else (match_shipped_config(cfg.model) or (None,))[0]
+    base = yaml.safe_load(yaml_path.read_text()) if yaml_path else {}
+    configs = method_configs(cfg, base)
+    model, tokenizer = load_model(path, getattr(torch, cfg.dtype))
+    samples = [s for ctx in cfg.contexts for task in cfg.tasks
+               for s in make_samples(tokenizer, task, ctx, cfg.samples, cfg.depths, cfg.seed)]  # fmt: skip
+    prompts, records = [], []
+    for i, sample in enumerate(samples):
+        print(f"[vllm-sparse recall] prompt {i + 1}/{len(samples)}: {sample.task} @ {sample.context}", flush=True)
+        info, recs = measure_prompt(model, tokenizer, sample, configs, cfg)
+        prompts.append(info)
+        records += [{"prompt": i, "context": sample.context, **r} for r in recs]
+    result = {
+        "command": cfg.command, "model": cfg.model, "model_path": path, "machine": machine_info(),
+        "config": asdict(cfg), "sparse_config": {"file": yaml_path.name if yaml_path else None, "fields": base},
+        "num_layers": model.config.num_hidden_layers, "prompts": prompts,
+        "summary": summarize(records), "seconds": round(time.perf_counter() - t0, 1), "records": records,
+    }  # fmt: skip
+    write_outputs(result, Path(cfg.out_dir))
+    return result
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A ``recall.json`` written by :func:`run_recall`."""
+    return json.loads(Path(path).read_text())
