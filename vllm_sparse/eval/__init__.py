@@ -1,4 +1,6 @@
-"""Accuracy evaluation: models from PyPI, seeded long-context tasks, dense vs sparse runs, reports.
+"""Accuracy evaluation: models from PyPI, seeded long-context tasks, dense vs sparse runs, reports with 95%
+intervals (``intervals.py``, ``cells.py``), and the attention-recall measure of the selectors on real queries
+and keys (``recall*.py``, ``vllm-sparse recall``).
 
 Python API (vLLM is imported only when a run starts)::
 
