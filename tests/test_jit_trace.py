@@ -28,7 +28,9 @@ def test_trace_logs_our_kernels_and_chains(monkeypatch, caplog):
             knobs.runtime.jit_post_compile_hook(fn=fn, repr=f"{name}(x: i32D)", compile={"constants": {"B": 16}})
     assert seen == ["_fill", "_theirs"]
     traced = [r.getMessage() for r in caplog.records if "JIT" in r.getMessage()]
-    assert len(traced) == 1 and "_fill(x: i32D)" in traced[0] and "'B': 16" in traced[0]
+    # ours is logged, vLLM's is not (a record may reach caplog twice when an earlier test in the
+    # process configured vLLM's loggers: count kinds, not records)
+    assert traced and all("_fill(x: i32D)" in m and "'B': 16" in m for m in traced), traced
 
 
 def test_trace_is_off_by_default(monkeypatch):
