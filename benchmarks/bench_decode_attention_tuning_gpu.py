@@ -23,16 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_timing import Timer
+from bench_decode_select_gpu import decode_step
+from gpu_timing import Timer, graphed
 
-from vllm_sparse.config import SparseConfig
-from vllm_sparse.decode_step import DecodeColumns
 from vllm_sparse.kernels.decode_attention import BLOCK_N, decode_attention_triton, num_splits
 from vllm_sparse.kernels.page_topk import select_top_pages_triton
 from vllm_sparse.kernels.paged_attention import num_sms
@@ -42,22 +40,11 @@ from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL
 HQ, HKV, D, N = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = D**-0.5
-MAX_MODEL_LEN = 131072 + 4096
 CASES = [(1, 131072, 0.125), (16, 16384, 0.125), (16, 16384, 0.25), (64, 4096, 0.25)]  # (batch, context, fraction)
 BLOCK_NS = [32, 64, 128]
 WARPS = [2, 4, 8]
 STAGES = [2, 3, 4]
 PROGRAMS_PER_SM = [1, 2, 4]
-
-
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (run once before, to compile): its replay."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | None:
@@ -84,12 +71,7 @@ def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | Non
 
 
 def case(timer, batch: int, context: int, fraction: float) -> dict:
-    policy = SparseConfig(method="quest", dense_below_tokens=0, sparse_decode=True, sink_tokens=16, local_tokens=512,
-                          budget={"fraction": fraction, "min_tokens": 16, "max_tokens": None}).for_layer(1)  # fmt: skip
-    pages = -(-(context + 1) // N)
-    num_blocks = batch * pages + 16
-    table = torch.randperm(num_blocks, device="cuda")[: batch * pages].view(batch, pages).int()
-    step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda").write(np.full(batch, context + 1), table)
+    policy, step, num_blocks = decode_step(batch, context, fraction)
     cols = step.columns[policy]
     rows = batch * HKV
     cache = torch.randn(num_blocks, HKV, N, 2 * D, device="cuda", dtype=DTYPE)

@@ -32,7 +32,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_timing import Timer
+from gpu_timing import Timer, graphed
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
@@ -149,21 +149,11 @@ def old_select_top_pages(scores, columns, num_kv_heads, k_cap):
 # --------------------------------------------------------------------------------------------
 
 
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (run once before, to compile): its replay."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def decode_step(batch: int, context: int):
-    """Quest decode columns (1/8 of the context, sink 16, local 512) of ``batch`` requests of
-    ``context`` past tokens, over a random block table of ``context + 1`` tokens per request."""
+def decode_step(batch: int, context: int, fraction: float = 0.125):
+    """Quest decode columns (``fraction`` of the context, sink 16, local 512) of ``batch`` requests
+    of ``context`` past tokens, over a random block table of ``context + 1`` tokens per request."""
     policy = SparseConfig(method="quest", dense_below_tokens=0, sparse_decode=True, sink_tokens=16, local_tokens=512,
-                          budget={"fraction": 0.125, "min_tokens": 16, "max_tokens": None}).for_layer(1)  # fmt: skip
+                          budget={"fraction": fraction, "min_tokens": 16, "max_tokens": None}).for_layer(1)  # fmt: skip
     pages = -(-(context + 1) // N)
     num_blocks = batch * pages + 16
     table = torch.randperm(num_blocks, device="cuda")[: batch * pages].view(batch, pages).int()

@@ -25,3 +25,13 @@ class Timer:
             end.synchronize()
             times.append(start.elapsed_time(end))
         return sorted(times)[len(times) // 2]
+
+
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (run once before, to compile): its replay."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
