@@ -11,7 +11,10 @@ Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16)
 captured in a CUDA graph and its replays timed with CUDA events (median of ``--reps``, L2 flushed
 before each, ``gpu_timing.Timer``).
 
-    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30]
+    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|prefetch]
+
+``--grid prefetch`` sweeps how far ahead a program loads (page ids, then keys and values) and
+whether the selection holds block ids (``physical``), on a few tiles and warp counts.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_decode_select_gpu import decode_step
 from gpu_timing import Timer, graphed
 
-from vllm_sparse.kernels.decode_attention import BLOCK_N, decode_attention_triton, num_splits
+from vllm_sparse.kernels.decode_attention import BLOCK_N, PREFETCH, decode_attention_triton, num_splits
 from vllm_sparse.kernels.page_topk import select_top_pages_triton
 from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.layout import PageLayout
@@ -41,10 +44,11 @@ HQ, HKV, D, N = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = D**-0.5
 CASES = [(1, 131072, 0.125), (16, 16384, 0.125), (16, 16384, 0.25), (64, 4096, 0.25)]  # (batch, context, fraction)
-BLOCK_NS = [32, 64, 128]
-WARPS = [2, 4, 8]
-STAGES = [2, 3, 4]
-PROGRAMS_PER_SM = [1, 2, 4]
+# grids: name -> (block_n, warps, stages, programs per SM, prefetch, physical) values swept
+GRIDS = {
+    "launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4], [0], [False]),
+    "prefetch": ([32, 64, 128], [4, 8], [3], [2], [0, 1, 2], [False, True]),
+}
 
 
 def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | None:
@@ -70,7 +74,7 @@ def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | Non
         return None
 
 
-def case(timer, batch: int, context: int, fraction: float) -> dict:
+def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
     policy, step, num_blocks = decode_step(batch, context, fraction)
     cols = step.columns[policy]
     rows = batch * HKV
@@ -79,6 +83,9 @@ def case(timer, batch: int, context: int, fraction: float) -> dict:
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     scores = torch.randn(rows, step.page_cap, device="cuda")
     sel, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy])
+    valid = torch.arange(sel.shape[1], device="cuda")[None, :] < counts[:, None]  # entries past counts: garbage
+    logical = torch.where(valid, sel, 0).long()
+    blocks = torch.gather(step.block_table.long().repeat_interleave(HKV, 0), 1, logical).int()  # physical ids
     query = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(query)
     host = step.host_columns[policy][0]
@@ -93,28 +100,36 @@ def case(timer, batch: int, context: int, fraction: float) -> dict:
         r["flash_attn_dense"] = {"ms": dense, "gb_per_s": dense_bytes / dense / 1e6}
     ref = None
     variants = []
-    for block_n, warps, stages, pps in itertools.product(BLOCK_NS, WARPS, STAGES, PROGRAMS_PER_SM):
+    for block_n, warps, stages, pps, prefetch, physical in itertools.product(*GRIDS[grid]):
         splits = max(1, min(128, -(-pps * sms // rows)))
+        setting = {"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "prefetch": prefetch,
+                   "physical": physical}  # fmt: skip
 
-        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits):
-            decode_attention_triton(query, pk, pv, step.block_table, sel, counts, cols, layout.num_head_slots,
-                                    SCALE, out, splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
+        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits, prefetch=prefetch, physical=physical):
+            decode_attention_triton(query, pk, pv, step.block_table, blocks if physical else sel, counts, cols,
+                                    layout.num_head_slots, SCALE, out, splits, block_n=block_n, num_warps=warps,
+                                    num_stages=stages, prefetch=prefetch, physical=physical)  # fmt: skip
 
         try:
             ms = timer(graphed(attend))
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory for a large tile
-            variants.append({"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "error": str(e)[:200]})
+            variants.append(setting | {"error": str(e)[:200]})
             continue
         if ref is None:
             ref = out.clone()
         err = float((out.float() - ref.float()).abs().max())
-        variants.append({"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "splits": splits,
-                         "ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_diff_vs_first": err})  # fmt: skip
+        variants.append(
+            setting | {"splits": splits, "ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_diff_vs_first": err}
+        )
+        print(json.dumps(variants[-1]), flush=True)
     ok = [v for v in variants if "ms" in v]
-    default = next(v for v in ok if v["block_n"] == BLOCK_N and v["warps"] == 4 and v["stages"] == 3 and v["programs_per_sm"] == 2)
+    default = next(v for v in ok if v["block_n"] == BLOCK_N and v["warps"] == 4 and v["stages"] == 3
+                   and v["programs_per_sm"] == 2 and v["prefetch"] == PREFETCH and not v["physical"])  # fmt: skip
     best = min(ok, key=lambda v: v["ms"])
     r.update(default=default, best=best, best_speedup=default["ms"] / best["ms"], variants=variants)
-    print(json.dumps({k: r[k] for k in ("batch", "context", "fraction", "default", "best", "best_speedup")}), flush=True)
+    print(
+        json.dumps({k: r[k] for k in ("batch", "context", "fraction", "default", "best", "best_speedup")}), flush=True
+    )
     return r
 
 
@@ -122,6 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="launch", help="which settings to sweep")
     args = ap.parse_args()
     torch.manual_seed(0)
     t0 = time.time()
@@ -135,7 +151,8 @@ def main() -> None:
         "triton": triton.__version__,
         "method": "CUDA-graph replays, CUDA events, median of reps, L2 flushed before each rep",
         "reps": args.reps,
-        "cases": [case(timer, b, ctx, f) for b, ctx, f in CASES],
+        "grid": args.grid,
+        "cases": [case(timer, b, ctx, f, args.grid) for b, ctx, f in CASES],
     }
     res["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)

@@ -1,7 +1,8 @@
 """GPU micro-benchmark of two decode kernels at small batches, before and after their rework.
 
-* top-k (``kernels.page_topk``): the radix select (4 histogram passes + 1 write pass over a row)
-  against the previous bisection (32 counting passes + 1 + 1 write pass, 4 warps per row), copied
+* top-k (``kernels.page_topk``): the radix select (4 histogram passes + 1 write pass over a row),
+  one program a row (``new``) and each row split over ``split_chunks`` programs (``split``, the
+  default where rows are few and long), against the previous bisection (32 counting passes + 1 + 1 write pass, 4 warps per row), copied
   below unchanged so that both run in this process, on the same random page scores and decode
   columns; the JSON says whether they select the same pages.
 * decode attention (``kernels.decode_attention``) over each row's 1/8 selected pages plus its forced
@@ -37,7 +38,7 @@ from gpu_timing import Timer, graphed
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
 from vllm_sparse.kernels.decode_attention import decode_attention_triton, num_splits
-from vllm_sparse.kernels.page_topk import select_num_warps, select_top_pages_triton
+from vllm_sparse.kernels.page_topk import select_num_warps, select_top_pages_triton, split_chunks
 from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.layout import PageLayout
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL, TOTAL
@@ -46,7 +47,7 @@ HQ, HKV, D, N = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = D**-0.5
 MAX_MODEL_LEN = 131072 + 4096
-TOPK_CASES = [(1, 131072), (4, 131072), (16, 131072), (64, 32768)]  # (batch, context)
+TOPK_CASES = [(1, 131072), (1, 32768), (2, 131072), (4, 131072), (16, 131072), (64, 32768)]  # (batch, context)
 ATTN_CASES = [(1, 131072), (8, 32768)]
 FIXED_SPLITS = [16, 64, 128]
 
@@ -176,18 +177,26 @@ def topk_case(timer, batch: int, context: int) -> dict:
     state = {}
 
     def new():
-        state["new"] = select_top_pages_triton(scores, cols, HKV, k_cap)
+        state["new"] = select_top_pages_triton(scores, cols, HKV, k_cap, chunks=1)
+
+    def split():
+        state["split"] = select_top_pages_triton(scores, cols, HKV, k_cap)
 
     def old():
         state["old"] = old_select_top_pages(scores, cols, HKV, k_cap)
 
     r = {"batch": batch, "context": context, "rows": rows, "page_cap": step.page_cap,
          "selectable": int(step.host_columns[policy][0, TAIL] - step.host_columns[policy][0, HEAD]),
-         "k": int(step.host_columns[policy][0, SELECT]), "new_num_warps": select_num_warps(step.page_cap, batch * HKV)}  # fmt: skip
+         "k": int(step.host_columns[policy][0, SELECT]), "new_num_warps": select_num_warps(step.page_cap, batch * HKV),
+         "split_chunks": split_chunks(step.page_cap, rows, num_sms(scores.device))}  # fmt: skip
     r["old_ms"] = timer(graphed(old))
     r["new_ms"] = timer(graphed(new))
+    r["split_ms"] = timer(graphed(split))
     r["speedup"] = r["old_ms"] / r["new_ms"]
+    r["split_speedup"] = r["new_ms"] / r["split_ms"]
     r["same_selection"] = same_selection(state["new"][0], state["old"][0], state["new"][1])
+    r["split_same_selection"] = same_selection(state["split"][0], state["new"][0], state["new"][1])
+    print(json.dumps(r), flush=True)
     return r
 
 

@@ -49,17 +49,29 @@ def _columns(rows: list[tuple[int, int, int]], pages: int) -> torch.Tensor:
 
 @in_process
 @pytest.mark.parametrize("pages", [7, 40, 2500, 9000])  # 9000: more than the kernel keeps in registers
-def test_select_top_pages_matches_topk(pages):
+@pytest.mark.parametrize("chunks", [None, 4])  # 4: a chunk of 9000 pages takes three tiles
+@pytest.mark.parametrize("physical", [False, True])  # the block ids of the pages, from a block table
+def test_select_top_pages_matches_topk(pages, chunks, physical):
     g = gen(pages)
     rows_spec = [(3, 1, pages - 2), (0, 0, 0), (min(5, pages - 4), 2, pages - 1), (pages - 3, 1, pages - 2)]
     cols = _columns(rows_spec, pages)
     scores = randn(len(rows_spec) * HKV, pages + 3, g=g) * 4 - 1  # negative and positive scores
-    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages)
-    want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
+    table = (
+        torch.stack([torch.randperm(10 * pages, generator=g)[:pages] for _ in rows_spec]).int() if physical else None
+    )
+    got, counts = select_top_pages_triton(
+        scores.to(DEVICE),
+        cols.to(DEVICE),
+        HKV,
+        pages,
+        chunks=chunks,
+        block_table=table.to(DEVICE) if physical else None,
+    )
+    want, want_counts = select_top_pages_reference(scores, cols, HKV, pages, block_table=table)
     assert torch.equal(counts.cpu(), want_counts)
     for r in range(scores.shape[0]):
         k = int(want_counts[r])
-        assert sorted(got[r, :k].cpu().tolist()) == want[r, :k].tolist(), r
+        assert sorted(got[r, :k].cpu().tolist()) == sorted(want[r, :k].tolist()), r
 
 
 @in_process
@@ -77,6 +89,9 @@ def test_select_top_pages_ties_keep_the_count():
         assert set(range(10, 20)) <= set(picked) and all(30 <= p < 45 for p in picked if not 10 <= p < 20)
 
 
+SCORE_KINDS = ["ties", "all_equal", "negative", "low_bits", "wide"]
+
+
 def _score_rows(kind: str, shape: tuple[int, int], g: torch.Generator) -> torch.Tensor:
     """Random non-zero scores of a kind that stresses the radix select."""
     if kind == "ties":  # few distinct values: long runs of ties at the k-th score
@@ -92,17 +107,20 @@ def _score_rows(kind: str, shape: tuple[int, int], g: torch.Generator) -> torch.
 
 @in_process
 @pytest.mark.parametrize("pages", [9, 300, 2600, 5000])
-@pytest.mark.parametrize("kind", ["ties", "all_equal", "negative", "low_bits", "wide"])
-def test_select_top_pages_exact_with_ties(kind, pages):
+@pytest.mark.parametrize(
+    "kind, chunks", [(k, c) for c in (None, 3) for k in SCORE_KINDS] + [("ties", 16), ("all_equal", 16)]
+)
+def test_select_top_pages_exact_with_ties(kind, pages, chunks):
     """The k largest pages exactly, ties at the k-th score going to the lower pages: k = 1,
     k = selectable - 1, every page, no page, a row of no selectable pages, and long rows (5000 pages
-    take the widest tile)."""
+    take the widest tile); one program a row (``None``: the interpreter's rule) or the row split
+    over ``chunks`` programs (16 chunks of a 9-page row leave most of them empty)."""
     n = pages - 3  # selectable pages [1, pages - 2)
     rows_spec = [(1, 1, pages - 2), (n - 1, 1, pages - 2), (n, 1, pages - 2), (0, 1, pages - 2), (0, 4, 4),
                  (n // 3, 1, pages - 2), (n // 2, 0, pages)]  # fmt: skip
     cols = _columns(rows_spec, pages)
     scores = _score_rows(kind, (len(rows_spec) * HKV, pages), gen(pages))
-    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages)
+    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages, chunks=chunks)
     want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
     assert torch.equal(counts.cpu(), want_counts)
     for r in range(scores.shape[0]):
@@ -117,7 +135,9 @@ def _cache(seq_lens, order="interleaved", dtype=torch.float32, seed=0, meta_slot
 @in_process
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_matches_reference_and_brute_force(splits, dtype):
+@pytest.mark.parametrize("prefetch, physical", [(0, False), (1, False), (2, False), (2, True)])
+def test_decode_attention_matches_reference_and_brute_force(splits, dtype, prefetch, physical):
+    """Selected pages given as logical pages or as block ids (``physical``), at every prefetch depth."""
     seq_lens = [37, 9, 64, 1, 0]  # a padding row (0) attends nothing
     g = gen(7)
     batch = _cache([max(s, 1) for s in seq_lens], dtype=dtype, seed=3)
@@ -136,11 +156,17 @@ def test_decode_attention_matches_reference_and_brute_force(splits, dtype):
         pages[r, :k] = perm.int()
         counts[r] = k
     query = randn(len(seq_lens), HKV * G, D, g=g, dtype=dtype)
-    args = (layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), batch.block_table, pages, counts)
-    want = decode_attention_reference(query, *args, cols, layout.num_head_slots, D**-0.5)
+    given = (
+        torch.gather(batch.block_table[: len(seq_lens)].long().repeat_interleave(HKV, 0), 1, pages.long()).int()
+        if physical
+        else pages
+    )
+    args = (layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), batch.block_table, given, counts)
+    want = decode_attention_reference(query, *args, cols, layout.num_head_slots, D**-0.5, physical=physical)
     out = torch.full_like(query, float("nan"), device=DEVICE)
     dev = [a.to(DEVICE) for a in args]
-    decode_attention_triton(query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits)
+    decode_attention_triton(query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits,
+                            prefetch=prefetch, physical=physical)  # fmt: skip
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(out.cpu().float(), want, rtol=tol, atol=tol)
     # against true positions: each row sees its selected and forced pages, every token of them
@@ -158,10 +184,11 @@ def test_decode_attention_matches_reference_and_brute_force(splits, dtype):
 
 
 @in_process
-@pytest.mark.parametrize("splits", [40, 128])
-def test_decode_attention_many_splits(splits):
+@pytest.mark.parametrize("splits, prefetch", [(40, 0), (128, 0), (1, 1), (3, 2)])
+def test_decode_attention_many_splits(splits, prefetch):
     """More splits than the merge reads at once (32): the first row attends 2315 tokens, 37 shares
-    of 64 tokens for both split counts (the other splits are empty)."""
+    of 64 tokens for both split counts (the other splits are empty); and few splits, so that a
+    program runs many tiles ahead-loaded (``prefetch``)."""
     seq_lens = [64 * 40 + 7, 900, 0]
     g = gen(17)
     batch = _cache([max(s, 1) for s in seq_lens], seed=4)
@@ -183,7 +210,9 @@ def test_decode_attention_many_splits(splits):
     want = decode_attention_reference(query, *args, cols, layout.num_head_slots, D**-0.5)
     out = torch.full_like(query, float("nan"), device=DEVICE)
     dev = [a.to(DEVICE) for a in args]
-    decode_attention_triton(query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits)
+    decode_attention_triton(
+        query.to(DEVICE), *dev, cols.to(DEVICE), layout.num_head_slots, D**-0.5, out, splits, prefetch=prefetch
+    )
     torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
 
 

@@ -15,6 +15,14 @@ over the keys takes 34. Rows asked for every selectable page skip the search. Ro
 few at long contexts (8 rows of 8192 pages for one Llama-3.1-8B request at 128K), so the warps
 per program grow with the row width fixed at engine start where the batch has few rows
 (``select_num_warps``).
+
+Few long rows leave most SMs idle, so there each row is split into ``chunks`` programs
+(``split_chunks``, fixed per batch size): five launches, one per pass, each program taking the
+histogram of its chunk and writing it out; every program of the next pass sums its row's chunk
+histograms to fix the digits so far (the same choice in every program, no atomics, no grid-wide
+wait). The last launch writes each chunk's pages at offsets that the chunk histograms give: a page
+above the k-th key differs from it first at some digit, where its digit is larger, so the pages
+above it in the chunks before are a sum over their histograms.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
 
 RADIX_BITS = 8
@@ -34,6 +43,15 @@ def _key(x):
     """int32 keys ordered as the float32 values ``x`` are (for non-NaN values; -0.0 is 0.0)."""
     i = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))
     return tl.where(i < 0, i ^ 0x7FFFFFFF, i)
+
+
+@triton.jit
+def _page_ids(bt_row, p, m, PHYSICAL: tl.constexpr):
+    """What the selection stores for pages ``p``: the logical pages, or (``PHYSICAL``) their
+    block ids from the request's block-table row ``bt_row``."""
+    if PHYSICAL:
+        return tl.load(bt_row + p, mask=m, other=0)
+    return p
 
 
 @triton.jit
@@ -54,14 +72,16 @@ def _digit_counts(row_ptr, lo, hi, prefix, live, SHIFT: tl.constexpr, BITS: tl.c
     return hist - tl.where(tl.arange(0, 1 << BITS) == 0, dead, 0)
 
 
-@triton.jit(do_not_specialize=["stride_s", "stride_o"])
+@triton.jit(do_not_specialize=["stride_s", "stride_o", "stride_bt"])
 def _select_pages_kernel(
     scores_ptr,
     cols_ptr,
     out_ptr,
     count_ptr,
+    bt_ptr,
     stride_s,
     stride_o,
+    stride_bt,
     HKV: tl.constexpr,
     NCOLS: tl.constexpr,
     C_SELECT: tl.constexpr,
@@ -69,6 +89,7 @@ def _select_pages_kernel(
     C_TAIL: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PHYSICAL: tl.constexpr,
 ):
     row = tl.program_id(0)
     req = row // HKV
@@ -79,10 +100,11 @@ def _select_pages_kernel(
     if k > 0:
         row_ptr = scores_ptr + row.to(tl.int64) * stride_s
         out = out_ptr + row.to(tl.int64) * stride_o
+        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
         if k >= hi - lo:  # every selectable page
             for p0 in range(lo, hi, BLOCK):
                 p = p0 + tl.arange(0, BLOCK)
-                tl.store(out + (p - lo), p, mask=p < hi)
+                tl.store(out + (p - lo), _page_ids(bt_row, p, p < hi, PHYSICAL), mask=p < hi)
         else:
             # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
             # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest)
@@ -108,11 +130,168 @@ def _select_pages_kernel(
                 gt = (key > t) & m
                 eq = (key == t) & m
                 pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-                tl.store(out + pos_gt, p, mask=gt)
+                tl.store(out + pos_gt, _page_ids(bt_row, p, gt, PHYSICAL), mask=gt)
                 pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-                tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
+                tl.store(out + pos_eq, _page_ids(bt_row, p, eq, PHYSICAL), mask=eq & (pos_eq < k))
                 n_above += tl.sum(gt.to(tl.int32))
                 n_equal += tl.sum(eq.to(tl.int32))
+
+
+@triton.jit
+def _chunk_digit_counts(row_ptr, lo, hi, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """``_digit_counts`` over pages ``[lo, hi)`` of one chunk (the live pages of a chunk are not
+    known in advance: the lanes left out are counted here)."""
+    hist = tl.zeros([1 << BITS], tl.int32)
+    dead = tl.zeros([], tl.int32)
+    for p0 in range(lo, hi, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        m = p < hi
+        u = _key(tl.load(row_ptr + p, mask=m, other=0.0)) ^ SIGN
+        if SHIFT + BITS < 32:
+            m = m & (((u ^ prefix) >> (SHIFT + BITS)) == 0)
+        hist += tl.histogram(tl.where(m, (u >> SHIFT) & ((1 << BITS) - 1), 0), 1 << BITS)
+        dead += BLOCK - tl.sum(m.to(tl.int32))
+    return hist - tl.where(tl.arange(0, 1 << BITS) == 0, dead, 0)
+
+
+@triton.jit
+def _replay_digits(hist_ptr, chunk, n_chunks, k, live, PASSES: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The first ``PASSES`` digits of the k-th largest key of a row from its chunk histograms
+    (``hist_ptr``: ``int32 [4, n_chunks, 2**BITS]``), as ``_select_pages_kernel`` fixes them:
+    ``(prefix, rank, live, above_before, equal_before)``, the last two the pages of the chunks
+    before ``chunk`` above the digits so far and equal to them."""
+    b = tl.arange(0, 1 << BITS)
+    cc = tl.arange(0, BLOCK_C)
+    prefix = tl.zeros([], tl.int32)
+    rank = k
+    above_before = tl.zeros([], tl.int32)
+    equal_before = tl.zeros([], tl.int32)
+    for i in tl.static_range(PASSES):
+        per_chunk = tl.load(
+            hist_ptr + (i * n_chunks + cc)[:, None] * (1 << BITS) + b[None, :], mask=(cc < n_chunks)[:, None], other=0
+        )
+        hist = tl.sum(per_chunk, axis=0)
+        above = live - tl.cumsum(hist, 0)
+        digit = tl.sum(((above + hist) >= rank).to(tl.int32)) - 1
+        rank -= tl.sum(tl.where(b == digit, above, 0))
+        live = tl.sum(tl.where(b == digit, hist, 0))
+        prefix = prefix | (digit << (32 - BITS * (i + 1)))
+        before = tl.where((cc < chunk)[:, None], per_chunk, 0)
+        above_before += tl.sum(tl.where(b[None, :] > digit, before, 0))
+        equal_before = tl.sum(tl.where(b[None, :] == digit, before, 0))
+    return prefix, rank, live, above_before, equal_before
+
+
+@triton.jit
+def _chunk_range(lo, hi, chunk, n_chunks):
+    span = tl.cdiv(hi - lo, n_chunks)
+    c_lo = lo + chunk * span
+    return c_lo, tl.minimum(hi, c_lo + span)
+
+
+@triton.jit(do_not_specialize=["stride_s", "n_chunks"])
+def _split_pass_kernel(
+    scores_ptr,
+    cols_ptr,
+    hist_ptr,
+    stride_s,
+    n_chunks,
+    HKV: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_SELECT: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+    PASS: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    req = row // HKV
+    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
+    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
+    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    if (k > 0) & (k < hi - lo):
+        hist_row = hist_ptr + row.to(tl.int64) * (4 * n_chunks << BITS)
+        prefix, _, _, _, _ = _replay_digits(hist_row, chunk, n_chunks, k, hi - lo, PASS, BITS, BLOCK_C)
+        c_lo, c_hi = _chunk_range(lo, hi, chunk, n_chunks)
+        row_ptr = scores_ptr + row.to(tl.int64) * stride_s
+        hist = _chunk_digit_counts(row_ptr, c_lo, c_hi, prefix, 32 - BITS * (PASS + 1), BITS, BLOCK)
+        tl.store(hist_row + (PASS * n_chunks + chunk) * (1 << BITS) + tl.arange(0, 1 << BITS), hist)
+
+
+@triton.jit(do_not_specialize=["stride_s", "stride_o", "stride_bt", "n_chunks"])
+def _split_write_kernel(
+    scores_ptr,
+    cols_ptr,
+    hist_ptr,
+    out_ptr,
+    count_ptr,
+    bt_ptr,
+    stride_s,
+    stride_o,
+    stride_bt,
+    n_chunks,
+    HKV: tl.constexpr,
+    NCOLS: tl.constexpr,
+    C_SELECT: tl.constexpr,
+    C_HEAD: tl.constexpr,
+    C_TAIL: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PHYSICAL: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    req = row // HKV
+    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
+    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
+    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    if chunk == 0:
+        tl.store(count_ptr + row, k)
+    out = out_ptr + row.to(tl.int64) * stride_o
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    c_lo, c_hi = _chunk_range(lo, hi, chunk, n_chunks)
+    if (k > 0) & (k >= hi - lo):  # every selectable page
+        for p0 in range(c_lo, c_hi, BLOCK):
+            p = p0 + tl.arange(0, BLOCK)
+            tl.store(out + (p - lo), _page_ids(bt_row, p, p < c_hi, PHYSICAL), mask=p < c_hi)
+    elif k > 0:
+        hist_row = hist_ptr + row.to(tl.int64) * (4 * n_chunks << BITS)
+        prefix, rank, _, n_above, n_equal = _replay_digits(
+            hist_row, chunk, n_chunks, k, hi - lo, 32 // BITS, BITS, BLOCK_C
+        )
+        t = prefix ^ SIGN  # the k-th largest key; the first `rank` pages equal to it are taken
+        first_eq = k - rank
+        row_ptr = scores_ptr + row.to(tl.int64) * stride_s
+        for p0 in range(c_lo, c_hi, BLOCK):
+            p = p0 + tl.arange(0, BLOCK)
+            m = p < c_hi
+            key = _key(tl.load(row_ptr + p, mask=m, other=0.0))
+            gt = (key > t) & m
+            eq = (key == t) & m
+            pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
+            tl.store(out + pos_gt, _page_ids(bt_row, p, gt, PHYSICAL), mask=gt)
+            pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
+            tl.store(out + pos_eq, _page_ids(bt_row, p, eq, PHYSICAL), mask=eq & (pos_eq < k))
+            n_above += tl.sum(gt.to(tl.int32))
+            n_equal += tl.sum(eq.to(tl.int32))
+
+
+MAX_CHUNKS = 16
+MIN_CHUNK_PAGES = 512
+
+
+def split_chunks(page_cap: int, rows: int, sms: int) -> int:
+    """Programs per row of the top-k, from the row width fixed at engine start and the batch's
+    rows (never from the data): 1 (one program a row) for many rows or short rows, else enough
+    chunks of at least ``MIN_CHUNK_PAGES`` pages to give every SM about one program (16 chunks
+    for the 8 rows of one Llama-3.1-8B request at 128K on an H100)."""
+    if rows > 32 or page_cap <= 2 * MIN_CHUNK_PAGES:
+        return 1
+    return max(1, min(MAX_CHUNKS, sms // max(rows, 1), -(-page_cap // MIN_CHUNK_PAGES)))
 
 
 def select_num_warps(page_cap: int, rows: int) -> int:
@@ -126,7 +305,12 @@ def select_num_warps(page_cap: int, rows: int) -> int:
 
 
 def select_top_pages_triton(
-    scores: torch.Tensor, columns: torch.Tensor, num_kv_heads: int, k_cap: int
+    scores: torch.Tensor,
+    columns: torch.Tensor,
+    num_kv_heads: int,
+    k_cap: int,
+    chunks: int | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best pages of every (request, KV head) row.
 
@@ -136,10 +320,14 @@ def select_top_pages_triton(
         columns: ``int32 [B, NUM_COLUMNS]`` decode columns (``policy.decode_columns``), device.
         num_kv_heads: ``Hkv``.
         k_cap: the widest selection any row can ask for (``DecodeStep.select_caps``).
+        chunks: programs per row (default ``split_chunks``; 1: the one-program kernel).
+        block_table: ``int32 [>= B, max_blocks]`` the requests' block-table rows: given, the
+            selection holds the pages' block ids instead of their logical numbers (what
+            ``decode_attention_triton(physical=True)`` reads).
     Returns:
         ``(pages int32 [B * Hkv, max(k_cap, 1)], counts int32 [B * Hkv])``: each row's first
-        ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages (entries past
-        it are unspecified).
+        ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages, or their block
+        ids (entries past it are unspecified).
     """
     rows = scores.shape[0]
     out = torch.empty(rows, max(k_cap, 1), dtype=torch.int32, device=scores.device)
@@ -147,20 +335,42 @@ def select_top_pages_triton(
     if rows == 0:
         return out, counts
     assert scores.stride(-1) == 1 and columns.is_contiguous() and columns.shape[1] == NUM_COLUMNS
-    warps = select_num_warps(scores.shape[1], rows)
+    page_cap = scores.shape[1]
+    chunks = chunks or split_chunks(page_cap, rows, num_sms(scores.device))
+    physical = block_table is not None
+    bt = block_table if physical else counts  # any int32 tensor where no table is read
+    stride_bt = block_table.stride(0) if physical else 0
+    if chunks > 1:
+        hist = torch.empty(rows, 32 // RADIX_BITS, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=scores.device)
+        consts = dict(HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
+                      BLOCK=max(128, min(1024, triton.next_power_of_2(-(-page_cap // chunks)))),
+                      BLOCK_C=triton.next_power_of_2(chunks), num_warps=4)  # fmt: skip
+        for i in range(32 // RADIX_BITS):
+            _split_pass_kernel[(rows, chunks)](scores, columns, hist, scores.stride(0), chunks, PASS=i, **consts)
+        _split_write_kernel[(rows, chunks)](
+            scores, columns, hist, out, counts, bt, scores.stride(0), out.stride(0), stride_bt, chunks,
+            PHYSICAL=physical, **consts,
+        )  # fmt: skip
+        return out, counts
+    warps = select_num_warps(page_cap, rows)
     _select_pages_kernel[(rows,)](
-        scores, columns, out, counts, scores.stride(0), out.stride(0),
+        scores, columns, out, counts, bt, scores.stride(0), out.stride(0), stride_bt,
         HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
-        BLOCK=256 * warps, num_warps=warps,
+        BLOCK=256 * warps, PHYSICAL=physical, num_warps=warps,
     )  # fmt: skip
     return out, counts
 
 
 def select_top_pages_reference(
-    scores: torch.Tensor, columns: torch.Tensor, num_kv_heads: int, k_cap: int
+    scores: torch.Tensor,
+    columns: torch.Tensor,
+    num_kv_heads: int,
+    k_cap: int,
+    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch twin of ``select_top_pages_triton``: the same pages, each row's sorted ascending (a
-    stable descending sort per row, so that ties at the k-th score go to the lower pages)."""
+    stable descending sort per row, so that ties at the k-th score go to the lower pages; their block
+    ids where ``block_table`` is given)."""
     rows = scores.shape[0]
     out = torch.zeros(rows, max(k_cap, 1), dtype=torch.int32)
     counts = torch.zeros(rows, dtype=torch.int32)
@@ -170,5 +380,6 @@ def select_top_pages_reference(
         counts[r] = k
         if k:
             order = torch.sort(scores[r, lo:hi].float().cpu(), descending=True, stable=True).indices
-            out[r, :k] = (order[:k] + lo).sort().values.int()
+            picked = (order[:k] + lo).sort().values
+            out[r, :k] = (picked if block_table is None else block_table[r // num_kv_heads].cpu().long()[picked]).int()
     return out, counts
