@@ -11,10 +11,11 @@ Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16)
 captured in a CUDA graph and its replays timed with CUDA events (median of ``--reps``, L2 flushed
 before each, ``gpu_timing.Timer``).
 
-    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|prefetch]
+    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default]
 
-``--grid prefetch`` sweeps how far ahead a program loads (page ids, then keys and values) and
-whether the selection holds block ids (``physical``), on a few tiles and warp counts.
+Beside the sweep, vLLM's FlashAttention (FA3) runs the same sparse rows as paged sequences of
+one KV head (``flash_attn_sparse_rows_splits*``): what a decode path through FlashAttention
+would read at.
 """
 
 from __future__ import annotations
@@ -34,21 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_decode_select_gpu import decode_step
 from gpu_timing import Timer, graphed
 
-from vllm_sparse.kernels.decode_attention import BLOCK_N, PREFETCH, decode_attention_triton, num_splits
+from vllm_sparse.kernels.decode_attention import BLOCK_N, decode_attention_triton, num_splits
 from vllm_sparse.kernels.page_topk import select_top_pages_triton
 from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.layout import PageLayout
-from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL
+from vllm_sparse.policy import HEAD, LAST, SELECT, TAIL, TOTAL
 
 HQ, HKV, D, N = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 SCALE = D**-0.5
 CASES = [(1, 131072, 0.125), (16, 16384, 0.125), (16, 16384, 0.25), (64, 4096, 0.25)]  # (batch, context, fraction)
-# grids: name -> (block_n, warps, stages, programs per SM, prefetch, physical) values swept
-GRIDS = {
-    "launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4], [0], [False]),
-    "prefetch": ([32, 64, 128], [4, 8], [3], [2], [0, 1, 2], [False, True]),
-}
+# grids: name -> (block_n, warps, stages, programs per SM) values swept ("default": the serving settings)
+GRIDS = {"launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4]), "default": ([BLOCK_N], [4], [3], [2])}
 
 
 def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | None:
@@ -74,6 +72,50 @@ def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | Non
         return None
 
 
+def sparse_rows_table(step, cols, sel, counts, head_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each (request, KV head) row's pages as one FlashAttention sequence over the cache viewed as
+    one-head pages: ``(table int32 [rows, max_pages], kv_lens int32 [rows])``, the row's selected
+    pages, then its sink and local pages (the last page last), as the decode kernel compacts them."""
+    bt, c = step.block_table.long().cpu(), cols.cpu()
+    sel, counts = sel.long().cpu(), counts.cpu()
+    rows_pages, lens = [], []
+    for r in range(sel.shape[0]):
+        req, kv = divmod(r, HKV)
+        head, tail, total, last = (int(c[req, i]) for i in (HEAD, TAIL, TOTAL, LAST))
+        logical = torch.cat([sel[r, : int(counts[r])], torch.arange(head), torch.arange(tail, total)])
+        rows_pages.append(bt[req, logical] * head_slots + kv)
+        lens.append((logical.numel() - 1) * N + last)
+    table = torch.zeros(len(rows_pages), max(len(x) for x in rows_pages), dtype=torch.int32)
+    for r, x in enumerate(rows_pages):
+        table[r, : len(x)] = x.int()
+    return table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+def flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits: int) -> tuple[float, torch.Tensor] | None:
+    """vLLM's FlashAttention (FA3) decode over the same sparse rows (each row a sequence of one KV
+    head and the G query heads of its group), ``num_splits`` fixed as a CUDA graph needs; ``None``
+    without it. Returns its time and output ``[B, Hq, D]``."""
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    rows = table.shape[0]
+    q = query.view(rows, HQ // HKV, D)
+    out = torch.empty_like(q)
+    cu_q = torch.arange(rows + 1, device="cuda", dtype=torch.int32)
+
+    def run():
+        flash_attn_varlen_func(q=q, k=pk.unsqueeze(2), v=pv.unsqueeze(2), out=out, max_seqlen_q=1, cu_seqlens_q=cu_q,
+                               max_seqlen_k=table.shape[1] * N, seqused_k=kv_lens, block_table=table,
+                               softmax_scale=SCALE, causal=True, num_splits=splits, fa_version=3)  # fmt: skip
+
+    try:
+        return timer(graphed(run)), out.view(query.shape)
+    except Exception as e:  # noqa: BLE001
+        print(f"flash_attn sparse rows not timed: {e}", file=sys.stderr)
+        return None
+
+
 def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
     policy, step, num_blocks = decode_step(batch, context, fraction)
     cols = step.columns[policy]
@@ -83,9 +125,6 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     scores = torch.randn(rows, step.page_cap, device="cuda")
     sel, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy])
-    valid = torch.arange(sel.shape[1], device="cuda")[None, :] < counts[:, None]  # entries past counts: garbage
-    logical = torch.where(valid, sel, 0).long()
-    blocks = torch.gather(step.block_table.long().repeat_interleave(HKV, 0), 1, logical).int()  # physical ids
     query = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(query)
     host = step.host_columns[policy][0]
@@ -100,36 +139,41 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
         r["flash_attn_dense"] = {"ms": dense, "gb_per_s": dense_bytes / dense / 1e6}
     ref = None
     variants = []
-    for block_n, warps, stages, pps, prefetch, physical in itertools.product(*GRIDS[grid]):
+    for block_n, warps, stages, pps in itertools.product(*GRIDS[grid]):
         splits = max(1, min(128, -(-pps * sms // rows)))
-        setting = {"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "prefetch": prefetch,
-                   "physical": physical}  # fmt: skip
 
-        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits, prefetch=prefetch, physical=physical):
-            decode_attention_triton(query, pk, pv, step.block_table, blocks if physical else sel, counts, cols,
-                                    layout.num_head_slots, SCALE, out, splits, block_n=block_n, num_warps=warps,
-                                    num_stages=stages, prefetch=prefetch, physical=physical)  # fmt: skip
+        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits):
+            decode_attention_triton(query, pk, pv, step.block_table, sel, counts, cols, layout.num_head_slots,
+                                    SCALE, out, splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
 
         try:
             ms = timer(graphed(attend))
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory for a large tile
-            variants.append(setting | {"error": str(e)[:200]})
+            variants.append(
+                {"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "error": str(e)[:200]}
+            )
             continue
         if ref is None:
             ref = out.clone()
         err = float((out.float() - ref.float()).abs().max())
-        variants.append(
-            setting | {"splits": splits, "ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_diff_vs_first": err}
-        )
-        print(json.dumps(variants[-1]), flush=True)
+        variants.append({"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "splits": splits,
+                         "ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_diff_vs_first": err})  # fmt: skip
     ok = [v for v in variants if "ms" in v]
-    default = next(v for v in ok if v["block_n"] == BLOCK_N and v["warps"] == 4 and v["stages"] == 3
-                   and v["programs_per_sm"] == 2 and v["prefetch"] == PREFETCH and not v["physical"])  # fmt: skip
-    best = min(ok, key=lambda v: v["ms"])
-    r.update(default=default, best=best, best_speedup=default["ms"] / best["ms"], variants=variants)
-    print(
-        json.dumps({k: r[k] for k in ("batch", "context", "fraction", "default", "best", "best_speedup")}), flush=True
+    default = next(
+        v for v in ok if v["block_n"] == BLOCK_N and v["warps"] == 4 and v["stages"] == 3 and v["programs_per_sm"] == 2
     )
+    best = min(ok, key=lambda v: v["ms"])
+    table, kv_lens = sparse_rows_table(step, cols, sel, counts, layout.num_head_slots)
+    for splits in sorted({num_splits(rows, query.device), 32}):
+        timed = flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits)
+        if timed is not None:
+            ms, fa_out = timed
+            r[f"flash_attn_sparse_rows_splits{splits}"] = {
+                "ms": ms, "gb_per_s": kv_bytes / ms / 1e6,
+                "max_diff_vs_ours": float((fa_out.float() - ref.float()).abs().max()),
+            }  # fmt: skip
+    r.update(default=default, best=best, best_speedup=default["ms"] / best["ms"], variants=variants)
+    print(json.dumps({k: v for k, v in r.items() if k != "variants"}), flush=True)
     return r
 
 

@@ -14,7 +14,8 @@ the batch sizes of eager mixed steps compile nothing new): each program takes an
 its row's tokens (computed on the device), writes the normalised partial outputs of the group's
 ``G`` query heads and their log-sum-exps, and a second kernel, one program per query head, merges
 the splits. Small batches take many splits (up to ``MAX_SPLITS``) so that the few rows still keep
-every SM streaming K/V. Rows with nothing to attend (CUDA-graph padding) write zeros. So the
+every SM streaming K/V. Rows with nothing to attend (CUDA-graph padding) write zeros; float32
+caches take IEEE dots (the reference's numbers), half-precision ones tensor-core dots. So the
 kernel captures into a CUDA graph once per batch size.
 """
 
@@ -33,36 +34,6 @@ BLOCK_N = 64
 MAX_SPLITS = 128
 PROGRAMS_PER_SM = 2  # attention programs per SM that ``num_splits`` aims for (4 measured no faster on an H100)
 MERGE_SPLITS = 32  # splits the merge reads per step
-PREFETCH = 0  # how far ahead a program loads (``decode_attention_triton``'s ``prefetch``)
-
-
-@triton.jit
-def _tile_pages(t, hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE: tl.constexpr, PHYSICAL: tl.constexpr):
-    """``int64 [BLOCK_N]`` physical page id of each compacted token ``t`` of a row (0 past ``hi``):
-    compacted page ``j = t // PAGE`` is the row's ``j``-th selected page, then its forced pages.
-    ``PHYSICAL``: the selection holds block ids already (one dependent load, not two)."""
-    tm = t < hi
-    j = t // PAGE
-    is_sel = j < k_sel
-    jf = j - k_sel
-    forced = tl.where(jf < head, jf, tail + jf - head)
-    picked = tl.load(sel_row + j, mask=tm & is_sel, other=0)
-    if PHYSICAL:
-        blk = tl.where(is_sel, picked, tl.load(bt_row + forced, mask=tm & ~is_sel, other=0))
-    else:
-        blk = tl.load(bt_row + tl.where(is_sel, picked, forced), mask=tm, other=0)
-    return blk.to(tl.int64) * head_slots + kv
-
-
-@triton.jit
-def _load_tile(k_ptr, v_ptr, page, t, hi, d, dm, stride_kp, stride_kt, stride_vp, stride_vt, PAGE: tl.constexpr):
-    """``([BLOCK_N, BLOCK_D], [BLOCK_N, BLOCK_D])`` keys and values of compacted tokens ``t`` (zeros
-    past ``hi``), token ``t`` at offset ``t % PAGE`` of physical page ``page``."""
-    off = t % PAGE
-    kvm = (t < hi)[:, None] & dm[None, :]
-    k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt + d[None, :], mask=kvm, other=0.0)
-    v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt + d[None, :], mask=kvm, other=0.0)
-    return k, v
 
 
 @triton.jit(do_not_specialize=["stride_sel", "scale_log2", "stride_bt", "splits"])
@@ -100,8 +71,7 @@ def _decode_attn_kernel(
     C_TOTAL: tl.constexpr,
     C_LAST: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PHYSICAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -136,45 +106,31 @@ def _decode_attn_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     sel_row = sel_ptr + row.to(tl.int64) * stride_sel
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
-    # PREFETCH 1: the next tile's page ids are loaded while this tile's keys arrive and are used;
-    # 2: the next tile's keys and values too (two tiles in registers), the tile after's page ids
-    if PREFETCH >= 1:
-        page = _tile_pages(
-            lo + tl.arange(0, BLOCK_N), hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE, PHYSICAL
-        )
-    if PREFETCH == 2:
-        k_next, v_next = _load_tile(
-            k_ptr, v_ptr, page, lo + tl.arange(0, BLOCK_N), hi, d, dm, stride_kp, stride_kt, stride_vp, stride_vt, PAGE
-        )
-        page = _tile_pages(
-            lo + BLOCK_N + tl.arange(0, BLOCK_N), hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE, PHYSICAL
-        )
     for start in range(lo, hi, BLOCK_N):
         t = start + tl.arange(0, BLOCK_N)
         tm = t < hi
-        if PREFETCH == 0:
-            page = _tile_pages(t, hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE, PHYSICAL)
-        if PREFETCH == 2:
-            k = k_next
-            v = v_next
-            k_next, v_next = _load_tile(
-                k_ptr, v_ptr, page, t + BLOCK_N, hi, d, dm, stride_kp, stride_kt, stride_vp, stride_vt, PAGE
-            )
-            page = _tile_pages(t + 2 * BLOCK_N, hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE, PHYSICAL)
-        else:
-            k, v = _load_tile(k_ptr, v_ptr, page, t, hi, d, dm, stride_kp, stride_kt, stride_vp, stride_vt, PAGE)
-        if PREFETCH == 1:
-            page = _tile_pages(t + BLOCK_N, hi, k_sel, head, tail, sel_row, bt_row, head_slots, kv, PAGE, PHYSICAL)
+        j = t // PAGE
+        is_sel = j < k_sel
+        jf = j - k_sel
+        forced = tl.where(jf < head, jf, tail + jf - head)
+        picked = tl.load(sel_row + j, mask=tm & is_sel, other=0)
+        logical = tl.where(is_sel, picked, forced)
+        blk = tl.load(bt_row + logical, mask=tm, other=0).to(tl.int64)
+        page = blk * head_slots + kv
+        off = t % PAGE
+        kvm = tm[:, None] & dm[None, :]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + off[:, None] * stride_kt + d[None, :], mask=kvm, other=0.0)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + off[:, None] * stride_vt + d[None, :], mask=kvm, other=0.0)
         if not LOW_PRECISION:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(tm[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     safe_l = tl.where(l_i > 0, l_i, 1.0)
     gm = g < G
@@ -231,8 +187,6 @@ def decode_attention_triton(
     block_n: int = BLOCK_N,
     num_warps: int = 4,
     num_stages: int | None = None,
-    prefetch: int | None = None,
-    physical: bool = False,
 ) -> None:
     """Attend each decode request's query to its rows' selected and forced pages.
 
@@ -248,11 +202,6 @@ def decode_attention_triton(
         block_n, num_warps, num_stages: the attention kernel's tile of tokens and launch settings
             (tuning knobs for ``benchmarks/bench_decode_attention_tuning_gpu.py``; the defaults are
             what serving uses).
-        prefetch: how far ahead the kernel loads (0: each tile's page ids, then its keys and
-            values; 1: the next tile's page ids during this tile; 2: the next tile's keys and values
-            too); default ``PREFETCH``.
-        physical: ``pages`` holds block ids (block-table entries), not logical pages: a selected
-            page costs one dependent load instead of two (forced pages still read the block table).
     """
     b, hq, d = query.shape
     rows = counts.shape[0]
@@ -276,8 +225,7 @@ def decode_attention_triton(
         scale * LOG2E, query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1),
         page_values.stride(0), page_values.stride(1), block_table.stride(0), pages.stride(0), head_slots, splits,
         BLOCK_G=block_g, PAGE=n, BLOCK_N=block_n, NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_TOTAL=TOTAL,
-        C_LAST=LAST, LOW_PRECISION=low, PREFETCH=PREFETCH if prefetch is None else prefetch, PHYSICAL=physical,
-        **launch, **consts,
+        C_LAST=LAST, LOW_PRECISION=low, DOT_PRECISION="tf32" if low else "ieee", **launch, **consts,
     )  # fmt: skip
     _decode_merge_kernel[(rows, g)](
         output, part_o, part_lse, output.stride(0), output.stride(1), splits, BLOCK_S=MERGE_SPLITS, num_warps=4,
@@ -295,7 +243,6 @@ def decode_attention_reference(
     columns: torch.Tensor,
     head_slots: int,
     scale: float,
-    physical: bool = False,
 ) -> torch.Tensor:
     """Torch twin of ``decode_attention_triton``: ``float32 [B, Hq, D]`` (zeros for empty rows)."""
     b, hq, d = query.shape
@@ -311,11 +258,9 @@ def decode_attention_reference(
         head, tail, total, last = (int(cols[req, c]) for c in (HEAD, TAIL, TOTAL, LAST))
         if total == 0:
             continue
-        forced = bt[req, torch.cat([torch.arange(head), torch.arange(tail, total)])]
-        picked = sel[r, : int(cnt[r])]
-        blocks = torch.cat([picked if physical else bt[req, picked], forced])
-        ids = blocks * head_slots + kv
-        kv_len = (blocks.numel() - 1) * n + last
+        logical = torch.cat([sel[r, : int(cnt[r])], torch.arange(head), torch.arange(tail, total)])
+        ids = bt[req, logical] * head_slots + kv
+        kv_len = (logical.numel() - 1) * n + last
         k = keys[ids].reshape(-1, d)[:kv_len]
         v = values[ids].reshape(-1, d)[:kv_len]
         qr = q[req, kv * g : (kv + 1) * g]  # [G, D]

@@ -46,15 +46,6 @@ def _key(x):
 
 
 @triton.jit
-def _page_ids(bt_row, p, m, PHYSICAL: tl.constexpr):
-    """What the selection stores for pages ``p``: the logical pages, or (``PHYSICAL``) their
-    block ids from the request's block-table row ``bt_row``."""
-    if PHYSICAL:
-        return tl.load(bt_row + p, mask=m, other=0)
-    return p
-
-
-@triton.jit
 def _digit_counts(row_ptr, lo, hi, prefix, live, SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
     """``int32 [2**BITS]``: how many of pages ``[lo, hi)`` have each value of the digit at bit
     ``SHIFT`` of their unsigned key (``_key ^ SIGN``), among the ``live`` pages whose digits above
@@ -72,16 +63,14 @@ def _digit_counts(row_ptr, lo, hi, prefix, live, SHIFT: tl.constexpr, BITS: tl.c
     return hist - tl.where(tl.arange(0, 1 << BITS) == 0, dead, 0)
 
 
-@triton.jit(do_not_specialize=["stride_s", "stride_o", "stride_bt"])
+@triton.jit(do_not_specialize=["stride_s", "stride_o"])
 def _select_pages_kernel(
     scores_ptr,
     cols_ptr,
     out_ptr,
     count_ptr,
-    bt_ptr,
     stride_s,
     stride_o,
-    stride_bt,
     HKV: tl.constexpr,
     NCOLS: tl.constexpr,
     C_SELECT: tl.constexpr,
@@ -89,7 +78,6 @@ def _select_pages_kernel(
     C_TAIL: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK: tl.constexpr,
-    PHYSICAL: tl.constexpr,
 ):
     row = tl.program_id(0)
     req = row // HKV
@@ -100,11 +88,10 @@ def _select_pages_kernel(
     if k > 0:
         row_ptr = scores_ptr + row.to(tl.int64) * stride_s
         out = out_ptr + row.to(tl.int64) * stride_o
-        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
         if k >= hi - lo:  # every selectable page
             for p0 in range(lo, hi, BLOCK):
                 p = p0 + tl.arange(0, BLOCK)
-                tl.store(out + (p - lo), _page_ids(bt_row, p, p < hi, PHYSICAL), mask=p < hi)
+                tl.store(out + (p - lo), p, mask=p < hi)
         else:
             # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
             # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest)
@@ -130,9 +117,9 @@ def _select_pages_kernel(
                 gt = (key > t) & m
                 eq = (key == t) & m
                 pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-                tl.store(out + pos_gt, _page_ids(bt_row, p, gt, PHYSICAL), mask=gt)
+                tl.store(out + pos_gt, p, mask=gt)
                 pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-                tl.store(out + pos_eq, _page_ids(bt_row, p, eq, PHYSICAL), mask=eq & (pos_eq < k))
+                tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
                 n_above += tl.sum(gt.to(tl.int32))
                 n_equal += tl.sum(eq.to(tl.int32))
 
@@ -221,17 +208,15 @@ def _split_pass_kernel(
         tl.store(hist_row + (PASS * n_chunks + chunk) * (1 << BITS) + tl.arange(0, 1 << BITS), hist)
 
 
-@triton.jit(do_not_specialize=["stride_s", "stride_o", "stride_bt", "n_chunks"])
+@triton.jit(do_not_specialize=["stride_s", "stride_o", "n_chunks"])
 def _split_write_kernel(
     scores_ptr,
     cols_ptr,
     hist_ptr,
     out_ptr,
     count_ptr,
-    bt_ptr,
     stride_s,
     stride_o,
-    stride_bt,
     n_chunks,
     HKV: tl.constexpr,
     NCOLS: tl.constexpr,
@@ -240,7 +225,6 @@ def _split_write_kernel(
     C_TAIL: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK: tl.constexpr,
-    PHYSICAL: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -252,12 +236,11 @@ def _split_write_kernel(
     if chunk == 0:
         tl.store(count_ptr + row, k)
     out = out_ptr + row.to(tl.int64) * stride_o
-    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     c_lo, c_hi = _chunk_range(lo, hi, chunk, n_chunks)
     if (k > 0) & (k >= hi - lo):  # every selectable page
         for p0 in range(c_lo, c_hi, BLOCK):
             p = p0 + tl.arange(0, BLOCK)
-            tl.store(out + (p - lo), _page_ids(bt_row, p, p < c_hi, PHYSICAL), mask=p < c_hi)
+            tl.store(out + (p - lo), p, mask=p < c_hi)
     elif k > 0:
         hist_row = hist_ptr + row.to(tl.int64) * (4 * n_chunks << BITS)
         prefix, rank, _, n_above, n_equal = _replay_digits(
@@ -273,9 +256,9 @@ def _split_write_kernel(
             gt = (key > t) & m
             eq = (key == t) & m
             pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-            tl.store(out + pos_gt, _page_ids(bt_row, p, gt, PHYSICAL), mask=gt)
+            tl.store(out + pos_gt, p, mask=gt)
             pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-            tl.store(out + pos_eq, _page_ids(bt_row, p, eq, PHYSICAL), mask=eq & (pos_eq < k))
+            tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
             n_above += tl.sum(gt.to(tl.int32))
             n_equal += tl.sum(eq.to(tl.int32))
 
@@ -310,7 +293,6 @@ def select_top_pages_triton(
     num_kv_heads: int,
     k_cap: int,
     chunks: int | None = None,
-    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best pages of every (request, KV head) row.
 
@@ -321,13 +303,10 @@ def select_top_pages_triton(
         num_kv_heads: ``Hkv``.
         k_cap: the widest selection any row can ask for (``DecodeStep.select_caps``).
         chunks: programs per row (default ``split_chunks``; 1: the one-program kernel).
-        block_table: ``int32 [>= B, max_blocks]`` the requests' block-table rows: given, the
-            selection holds the pages' block ids instead of their logical numbers (what
-            ``decode_attention_triton(physical=True)`` reads).
     Returns:
         ``(pages int32 [B * Hkv, max(k_cap, 1)], counts int32 [B * Hkv])``: each row's first
-        ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages, or their block
-        ids (entries past it are unspecified).
+        ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages (entries past
+        it are unspecified).
     """
     rows = scores.shape[0]
     out = torch.empty(rows, max(k_cap, 1), dtype=torch.int32, device=scores.device)
@@ -337,9 +316,6 @@ def select_top_pages_triton(
     assert scores.stride(-1) == 1 and columns.is_contiguous() and columns.shape[1] == NUM_COLUMNS
     page_cap = scores.shape[1]
     chunks = chunks or split_chunks(page_cap, rows, num_sms(scores.device))
-    physical = block_table is not None
-    bt = block_table if physical else counts  # any int32 tensor where no table is read
-    stride_bt = block_table.stride(0) if physical else 0
     if chunks > 1:
         hist = torch.empty(rows, 32 // RADIX_BITS, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=scores.device)
         consts = dict(HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
@@ -348,15 +324,14 @@ def select_top_pages_triton(
         for i in range(32 // RADIX_BITS):
             _split_pass_kernel[(rows, chunks)](scores, columns, hist, scores.stride(0), chunks, PASS=i, **consts)
         _split_write_kernel[(rows, chunks)](
-            scores, columns, hist, out, counts, bt, scores.stride(0), out.stride(0), stride_bt, chunks,
-            PHYSICAL=physical, **consts,
+            scores, columns, hist, out, counts, scores.stride(0), out.stride(0), chunks, **consts,
         )  # fmt: skip
         return out, counts
     warps = select_num_warps(page_cap, rows)
     _select_pages_kernel[(rows,)](
-        scores, columns, out, counts, bt, scores.stride(0), out.stride(0), stride_bt,
+        scores, columns, out, counts, scores.stride(0), out.stride(0),
         HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
-        BLOCK=256 * warps, PHYSICAL=physical, num_warps=warps,
+        BLOCK=256 * warps, num_warps=warps,
     )  # fmt: skip
     return out, counts
 
@@ -366,11 +341,9 @@ def select_top_pages_reference(
     columns: torch.Tensor,
     num_kv_heads: int,
     k_cap: int,
-    block_table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch twin of ``select_top_pages_triton``: the same pages, each row's sorted ascending (a
-    stable descending sort per row, so that ties at the k-th score go to the lower pages; their block
-    ids where ``block_table`` is given)."""
+    stable descending sort per row, so that ties at the k-th score go to the lower pages)."""
     rows = scores.shape[0]
     out = torch.zeros(rows, max(k_cap, 1), dtype=torch.int32)
     counts = torch.zeros(rows, dtype=torch.int32)
@@ -380,6 +353,5 @@ def select_top_pages_reference(
         counts[r] = k
         if k:
             order = torch.sort(scores[r, lo:hi].float().cpu(), descending=True, stable=True).indices
-            picked = (order[:k] + lo).sort().values
-            out[r, :k] = (picked if block_table is None else block_table[r // num_kv_heads].cpu().long()[picked]).int()
+            out[r, :k] = (order[:k] + lo).sort().values.int()
     return out, counts
