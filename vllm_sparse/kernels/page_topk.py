@@ -46,6 +46,42 @@ def _key(x):
 
 
 @triton.jit
+def _row_range(cols_ptr, req, NCOLS: tl.constexpr, C_SELECT: tl.constexpr, C_HEAD: tl.constexpr, C_TAIL: tl.constexpr):
+    """``(k, lo, hi)``: a request's rows pick ``k`` pages among ``[lo, hi)``."""
+    c = cols_ptr + req * NCOLS
+    return tl.load(c + C_SELECT), tl.load(c + C_HEAD), tl.load(c + C_TAIL)
+
+
+@triton.jit
+def _fix_digit(hist, live, rank, BITS: tl.constexpr):
+    """The next digit of the k-th largest key from the ``hist`` of that digit among the ``live``
+    pages sharing the digits fixed so far, the k-th being ``rank``-th largest among them:
+    ``(digit, rank among the pages sharing it too, how many pages share it)``."""
+    b = tl.arange(0, 1 << BITS)
+    above = live - tl.cumsum(hist, 0)  # live pages whose digit exceeds b
+    digit = tl.sum(((above + hist) >= rank).to(tl.int32)) - 1  # largest b with >= rank at or above it
+    return digit, rank - tl.sum(tl.where(b == digit, above, 0)), tl.sum(tl.where(b == digit, hist, 0))
+
+
+@triton.jit
+def _write_selected(row_ptr, out, lo, hi, t, n_above, n_equal, first_eq, k, BLOCK: tl.constexpr):
+    """Write pages ``[lo, hi)`` whose key is above the k-th key ``t`` at ``n_above`` on, in page
+    order, and those equal to it at ``first_eq + n_equal`` on while below ``k``."""
+    for p0 in range(lo, hi, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        m = p < hi
+        key = _key(tl.load(row_ptr + p, mask=m, other=0.0))
+        gt = (key > t) & m
+        eq = (key == t) & m
+        pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
+        tl.store(out + pos_gt, p, mask=gt)
+        pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
+        tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
+        n_above += tl.sum(gt.to(tl.int32))
+        n_equal += tl.sum(eq.to(tl.int32))
+
+
+@triton.jit
 def _digit_counts(row_ptr, lo, hi, prefix, live, SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
     """``int32 [2**BITS]``: how many of pages ``[lo, hi)`` have each value of the digit at bit
     ``SHIFT`` of their unsigned key (``_key ^ SIGN``), among the ``live`` pages whose digits above
@@ -80,10 +116,7 @@ def _select_pages_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
-    req = row // HKV
-    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
-    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
-    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
     tl.store(count_ptr + row, k)
     if k > 0:
         row_ptr = scores_ptr + row.to(tl.int64) * stride_s
@@ -95,33 +128,16 @@ def _select_pages_kernel(
         else:
             # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
             # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest)
-            b = tl.arange(0, 1 << BITS)
             prefix = tl.zeros([], tl.int32)
             live = hi - lo
             rank = k
             for i in tl.static_range(32 // BITS):
                 hist = _digit_counts(row_ptr, lo, hi, prefix, live, 32 - BITS * (i + 1), BITS, BLOCK)
-                above = live - tl.cumsum(hist, 0)  # live pages whose digit exceeds b
-                digit = tl.sum(((above + hist) >= rank).to(tl.int32)) - 1  # largest b with >= rank at or above it
-                rank -= tl.sum(tl.where(b == digit, above, 0))
-                live = tl.sum(tl.where(b == digit, hist, 0))
+                digit, rank, live = _fix_digit(hist, live, rank, BITS)
                 prefix = prefix | (digit << (32 - BITS * (i + 1)))
             t = prefix ^ SIGN  # the k-th largest key; `rank` pages equal to it are taken
-            n_above = tl.zeros([], tl.int32)
-            n_equal = tl.zeros([], tl.int32)
-            first_eq = k - rank
-            for p0 in range(lo, hi, BLOCK):
-                p = p0 + tl.arange(0, BLOCK)
-                m = p < hi
-                key = _key(tl.load(row_ptr + p, mask=m, other=0.0))
-                gt = (key > t) & m
-                eq = (key == t) & m
-                pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-                tl.store(out + pos_gt, p, mask=gt)
-                pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-                tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
-                n_above += tl.sum(gt.to(tl.int32))
-                n_equal += tl.sum(eq.to(tl.int32))
+            zero = tl.zeros([], tl.int32)
+            _write_selected(row_ptr, out, lo, hi, t, zero, zero, k - rank, k, BLOCK)
 
 
 @triton.jit
@@ -157,11 +173,7 @@ def _replay_digits(hist_ptr, chunk, n_chunks, k, live, PASSES: tl.constexpr, BIT
         per_chunk = tl.load(
             hist_ptr + (i * n_chunks + cc)[:, None] * (1 << BITS) + b[None, :], mask=(cc < n_chunks)[:, None], other=0
         )
-        hist = tl.sum(per_chunk, axis=0)
-        above = live - tl.cumsum(hist, 0)
-        digit = tl.sum(((above + hist) >= rank).to(tl.int32)) - 1
-        rank -= tl.sum(tl.where(b == digit, above, 0))
-        live = tl.sum(tl.where(b == digit, hist, 0))
+        digit, rank, live = _fix_digit(tl.sum(per_chunk, axis=0), live, rank, BITS)
         prefix = prefix | (digit << (32 - BITS * (i + 1)))
         before = tl.where((cc < chunk)[:, None], per_chunk, 0)
         above_before += tl.sum(tl.where(b[None, :] > digit, before, 0))
@@ -195,10 +207,7 @@ def _split_pass_kernel(
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    req = row // HKV
-    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
-    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
-    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
     if (k > 0) & (k < hi - lo):
         hist_row = hist_ptr + row.to(tl.int64) * (4 * n_chunks << BITS)
         prefix, _, _, _, _ = _replay_digits(hist_row, chunk, n_chunks, k, hi - lo, PASS, BITS, BLOCK_C)
@@ -229,10 +238,7 @@ def _split_write_kernel(
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    req = row // HKV
-    k = tl.load(cols_ptr + req * NCOLS + C_SELECT)
-    lo = tl.load(cols_ptr + req * NCOLS + C_HEAD)
-    hi = tl.load(cols_ptr + req * NCOLS + C_TAIL)
+    k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
     if chunk == 0:
         tl.store(count_ptr + row, k)
     out = out_ptr + row.to(tl.int64) * stride_o
@@ -247,20 +253,8 @@ def _split_write_kernel(
             hist_row, chunk, n_chunks, k, hi - lo, 32 // BITS, BITS, BLOCK_C
         )
         t = prefix ^ SIGN  # the k-th largest key; the first `rank` pages equal to it are taken
-        first_eq = k - rank
         row_ptr = scores_ptr + row.to(tl.int64) * stride_s
-        for p0 in range(c_lo, c_hi, BLOCK):
-            p = p0 + tl.arange(0, BLOCK)
-            m = p < c_hi
-            key = _key(tl.load(row_ptr + p, mask=m, other=0.0))
-            gt = (key > t) & m
-            eq = (key == t) & m
-            pos_gt = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-            tl.store(out + pos_gt, p, mask=gt)
-            pos_eq = first_eq + n_equal + tl.cumsum(eq.to(tl.int32), 0) - 1
-            tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
-            n_above += tl.sum(gt.to(tl.int32))
-            n_equal += tl.sum(eq.to(tl.int32))
+        _write_selected(row_ptr, out, c_lo, c_hi, t, n_above, n_equal, k - rank, k, BLOCK)
 
 
 MAX_CHUNKS = 16
