@@ -24,6 +24,9 @@ class PageCounters:
     # of QuoKA are dense by default, and they would otherwise dominate the share
     prefill_attended_pages: int = 0
     prefill_dense_pages: int = 0
+    # the page metadata debug check (``backend.meta_check``, SPARSE_ATTENTION_CHECK_META=1)
+    meta_checked_pages: int = 0  # (page, layer) summaries recomputed from their keys and compared
+    meta_mismatched_pages: int = 0  # of those, summaries that differed from the recompute
 
     @property
     def attended_share(self) -> float:
@@ -55,6 +58,13 @@ def record(
         _counters.dense_pages += dense_pages
         _counters.prefill_attended_pages += prefill_attended
         _counters.prefill_dense_pages += prefill_dense
+
+
+def record_meta_check(checked: int, mismatched: int) -> None:
+    """Add one page metadata check's counts (``backend.meta_check``)."""
+    with _lock:
+        _counters.meta_checked_pages += checked
+        _counters.meta_mismatched_pages += mismatched
 
 
 def snapshot() -> dict:

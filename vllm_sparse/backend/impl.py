@@ -12,6 +12,7 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from vllm_sparse import stats
+from vllm_sparse.backend import meta_check
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.decode_step import DecodeStep
@@ -168,6 +169,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             write_page_minmax(layout, kv_cache, meta, slot_mapping)
         if meta.codes is not None:
             write_int4_shadow(meta, key, slot_mapping, layout.page_size, kv_cache.dtype)
+        if meta_check.ENABLED and not meta_check.capturing(kv_cache):  # debug only (off by default)
+            meta_check.check_written(layer.layer_name, layout, kv_cache, meta, slot_mapping)
 
     def forward(
         self,
@@ -199,6 +202,10 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         if attn_metadata is None:  # profiling and dummy runs
             return output
         views = self._views(kv_cache)
+        if meta_check.ENABLED and views.meta is not None and attn_metadata.has_prefill:  # debug only
+            meta_check.check_requests(
+                layer.layer_name, views.layout, kv_cache, views.meta, attn_metadata.block_table, attn_metadata.seq_lens
+            )
         decode = attn_metadata.decode
         if decode is not None:
             self._forward_decode(query, views, decode, output)
