@@ -188,7 +188,7 @@ class LayerOverride(_Strict):
 
 #: ``chunk_query_window`` of each method when the config leaves it unset (see the field); methods not
 #: listed score a prefill chunk's pages with every query of the chunk
-DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quoka": 64, "twilight": 64}
+DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quoka": 64, "quest": 64, "twilight": 64}
 
 
 class SparseConfig(_Strict):
@@ -214,9 +214,9 @@ class SparseConfig(_Strict):
     # of the chunk (the papers' rule); None: the method's default (``DEFAULT_CHUNK_QUERY_WINDOW``):
     # 64 for Twilight (its INT4 mass estimate over every query of an 8K chunk made TTFT at 128K 5x
     # slower than dense; with 64, faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json)
-    # and QuoKA (the prompt's last chunk then selects for its question and answer prefix, whose last
-    # token gives the first answer token: benchmarks/results/eval_qwen0.5b_cpu_query_window/), 0 for
-    # the others.
+    # and for QuoKA and Quest (the prompt's last chunk then selects for its question and answer prefix,
+    # whose last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and
+    # 16K, benchmarks/results/eval_qwen0.5b_cpu_query_window/), 0 for the others.
     chunk_query_window: Int | None = Field(None, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     # A test and diagnostic switch: rows whose budget covers the context still run the whole sparse
