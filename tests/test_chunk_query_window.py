@@ -14,7 +14,7 @@ from helpers import (
 )
 from pydantic import ValidationError
 
-from vllm_sparse.config import Budget, LayerPolicy, SparseConfig
+from vllm_sparse.config import METHODS, Budget, LayerPolicy, SparseConfig, resolve_config, shipped_configs
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
 from vllm_sparse.metadata.page_minmax import write_page_minmax
@@ -110,10 +110,28 @@ def test_config_passes_the_window_to_every_selector():
         if method == "twilight":
             assert s.base.query_window == 32
         assert make_selector(SparseConfig(method=method, chunk_query_window=0)).query_window is None  # every query
-    # method defaults: every query for QuoKA and Quest (the papers' rule), 64 for Twilight
-    assert make_selector(SparseConfig(method="quest")).query_window is None
-    assert make_selector(SparseConfig(method="quoka")).query_window is None
+    # method defaults (DEFAULT_WINDOWS below): the selector gets the resolved window
+    for method in ("quoka", "quest"):
+        assert make_selector(SparseConfig(method=method)).query_window == DEFAULT_WINDOWS[method]
     tw = make_selector(SparseConfig(method="twilight"))
     assert tw.query_window == tw.base.query_window == 64
     with pytest.raises(ValidationError, match="chunk_query_window"):
         SparseConfig(chunk_query_window=-1)
+
+
+# The chosen defaults (README, benchmarks/results/eval_qwen0.5b_cpu_query_window/): QuoKA, Quest and
+# Twilight score a prefill chunk with its last 64 queries; the others with every query (None).
+DEFAULT_WINDOWS = {"quoka": 64, "quest": 64, "twilight": 64, "kascade": None, "compact": None}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_resolved_default_window_per_method(method):
+    assert SparseConfig(method=method).query_window() == DEFAULT_WINDOWS[method]
+    # every shipped config leaves the window to the method's default
+    for path in shipped_configs():
+        resolved = resolve_config(method, path.stem, environ={})
+        assert resolved.source.startswith("shipped"), resolved.source
+        assert resolved.config.query_window() == DEFAULT_WINDOWS[method], path.name
+    # an explicit window still wins, 0 included
+    assert SparseConfig(method=method, chunk_query_window=0).query_window() is None
+    assert SparseConfig(method=method, chunk_query_window=128).query_window() == 128

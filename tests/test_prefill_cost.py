@@ -56,7 +56,8 @@ def test_decode_rows_and_forced_sparse_ignore_the_model():
 
 def test_scoring_queries_per_method():
     assert scoring_queries(SparseConfig(method="quoka", quoka={"num_queries": 32})) == 32
-    assert scoring_queries(SparseConfig(method="quest")) is None
+    assert scoring_queries(SparseConfig(method="quest")) == 64  # the default chunk_query_window
+    assert scoring_queries(SparseConfig(method="quest", chunk_query_window=0)) is None
     assert scoring_queries(SparseConfig(method="twilight")) == 64
     assert scoring_queries(SparseConfig(method="quest", chunk_query_window=128)) == 128
 

@@ -186,7 +186,9 @@ class LayerOverride(_Strict):
     dense: Bool | None = None
 
 
-TWILIGHT_CHUNK_QUERY_WINDOW = 64
+#: ``chunk_query_window`` of each method when the config leaves it unset (see the field); methods not
+#: listed score a prefill chunk's pages with every query of the chunk
+DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quoka": 64, "quest": 64, "twilight": 64}
 
 
 class SparseConfig(_Strict):
@@ -209,9 +211,12 @@ class SparseConfig(_Strict):
     # ``dense_below_tokens`` runs sparse); True: every such chunk sparse; False: prefill dense.
     sparse_prefill: Bool | None = None
     # Prefill chunks score pages with their last ``chunk_query_window`` queries only; 0: every query
-    # of the chunk (the papers' rule); None: the method's default, 64 for Twilight (its INT4 mass
-    # estimate over every query of an 8K chunk made TTFT at 128K 5x slower than dense; with 64,
-    # faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json) and 0 for the others.
+    # of the chunk (the papers' rule); None: the method's default (``DEFAULT_CHUNK_QUERY_WINDOW``):
+    # 64 for Twilight (its INT4 mass estimate over every query of an 8K chunk made TTFT at 128K 5x
+    # slower than dense; with 64, faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json)
+    # and for QuoKA and Quest (the prompt's last chunk then selects for its question and answer prefix,
+    # whose last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and
+    # 16K, benchmarks/results/eval_qwen0.5b_cpu_query_window/), 0 for the others.
     chunk_query_window: Int | None = Field(None, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     # A test and diagnostic switch: rows whose budget covers the context still run the whole sparse
@@ -233,7 +238,7 @@ class SparseConfig(_Strict):
         """The resolved ``chunk_query_window``: a number of queries, or None for every query."""
         window = self.chunk_query_window
         if window is None:
-            window = TWILIGHT_CHUNK_QUERY_WINDOW if self.method == "twilight" else 0
+            window = DEFAULT_CHUNK_QUERY_WINDOW.get(self.method, 0)
         return window or None
 
     def model_reasons(self, num_layers: int, num_kv_heads: int | None = None) -> list[str]:

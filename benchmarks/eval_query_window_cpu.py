@@ -1,0 +1,105 @@
+"""``chunk_query_window`` 0 against 64 for QuoKA and Quest under a shipped config, on CPU, beside dense.
+
+Every sparse backend loads the shipped YAML (``--config``, default Qwen2.5-Coder-0.5B-Instruct's) and sets
+only ``chunk_query_window``: 0 (every query of a prefill chunk scores the pages) or 64 (its last 64 queries,
+which in the prompt's last chunk are the question and the answer prefix). Twilight runs at its default as a
+check. One engine per backend, the same prompts for all of them, so the report's paired differences apply.
+
+    python benchmarks/eval_query_window_cpu.py OUT_DIR [--tasks niah_single] [--contexts 8192 16384] [--samples 6]
+
+On a shared machine the backends can be split over two processes: ``--only LABEL ...`` runs just those
+sparse backends on the same prompts (no dense engine) into their own OUT_DIR, and ``--join MAIN_DIR EXTRA_DIR``
+adds that folder's backends to a run that has dense and writes the report again (paired differences included).
+"""
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from vllm_sparse.eval.report import load_result, write_report
+from vllm_sparse.eval.runner import Backend, EvalConfig, EvalResult, build_samples, run_backend, run_eval
+
+SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-instruct.yaml"
+
+
+def backends(config: Path, windows: list[int]) -> list[Backend]:
+    """Dense, then QuoKA and Quest at each window, then Twilight at its default window."""
+    budget = yaml.safe_load(config.read_text()).get("budget", {})
+    base = {"config": str(config), "budget": budget}  # budget repeated so the report shows the shipped one
+    out = [Backend("CPU_ATTN", "CPU_ATTN")]
+    for method in ("quoka", "quest"):
+        out += [Backend(f"{method}_w{w}", f"sparse_{method}", {**base, "chunk_query_window": w}) for w in windows]
+    return [*out, Backend("twilight_default", "sparse_twilight", base)]
+
+
+def run_sparse_only(config: EvalConfig) -> None:
+    """Run ``config.backends`` (sparse ones) on the run's prompts without the dense engine that
+    ``run_eval`` insists on; the report then has no paired differences until ``join``."""
+    from transformers import AutoTokenizer
+
+    from vllm_sparse.eval.models import resolve_model
+
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    model_path = resolve_model(config.model, progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    samples = build_samples(tokenizer, config)
+    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    result = EvalResult(config, model_path, samples, [])
+    for backend in config.backends:
+        result.runs.append(
+            run_backend(model_path, backend, samples, tokenizer, config, Path(config.out_dir) / ".stats.json")
+        )
+        write_report(result)
+
+
+def join(main_dir: str, extra_dir: str) -> None:
+    """Add ``extra_dir``'s backends (same prompts, checked by hash) to ``main_dir``'s run and re-render it."""
+    main, extra = load_result(main_dir), load_result(extra_dir)
+    hashes = {r["prompt_hash"] for run in main.runs for r in run.records}
+    have = {r.backend.label for r in main.runs}
+    for run in extra.runs:
+        if run.backend.label not in have:
+            assert {r["prompt_hash"] for r in run.records} == hashes, f"{run.backend.label}: other prompts"
+            main.runs.append(run)
+    main.config.backends = [r.backend for r in main.runs]
+    main.config.command = (
+        f"{main.config.command}; {extra.config.command}; python {sys.argv[0]} --join {main_dir} {extra_dir}"
+    )
+    write_report(main)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--join"]:
+        sys.exit(join(*sys.argv[2:4]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--config", type=Path, default=SHIPPED)
+    p.add_argument("--tasks", nargs="+", default=["niah_single"])
+    p.add_argument("--contexts", nargs="+", type=int, default=[8192, 16384])
+    p.add_argument("--samples", type=int, default=6)
+    p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
+    p.add_argument("--windows", nargs="+", type=int, default=[0, 64])
+    p.add_argument("--only", nargs="+", default=None, help="sparse backend labels to run alone (no dense)")
+    args = p.parse_args()
+    chosen = backends(args.config, args.windows)
+    if args.only:
+        chosen = [b for b in chosen if b.label in args.only]
+    config = EvalConfig(
+        model="qwen2.5-coder-0.5b-instruct",
+        tasks=tuple(args.tasks),
+        contexts=tuple(args.contexts),
+        samples=args.samples,
+        depths=tuple(args.depths),
+        backends=chosen,
+        block_size=32,
+        max_num_batched_tokens=2048,
+        out_dir=args.out,
+        progress=False,
+        command="python " + " ".join(shlex.quote(a) for a in sys.argv),
+    )
+    (run_sparse_only if args.only else run_eval)(config)
