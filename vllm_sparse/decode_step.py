@@ -39,6 +39,9 @@ class DecodeStep:
         host_columns: the same on the host (counters; never read by kernels).
         page_cap: ``P_cap`` past pages a request can have (from ``max_model_len``).
         select_caps: per layer policy, ``K_cap`` pages a row can be asked to select.
+        no_pages, no_counts: ``int32 [B * Hkv, 1]`` and ``int32 [B * Hkv]`` zeros (views of
+            persistent buffers): the selection of layers that decode dense, so that those layers
+            launch no fill kernels of their own.
     """
 
     num_reqs: int
@@ -48,6 +51,8 @@ class DecodeStep:
     host_columns: dict[LayerPolicy, np.ndarray]
     page_cap: int
     select_caps: dict[LayerPolicy, int]
+    no_pages: torch.Tensor | None = None
+    no_counts: torch.Tensor | None = None
 
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
@@ -76,6 +81,7 @@ class DecodeColumns:
         max_model_len: int,
         device: torch.device,
         min_sparse_tokens: int = 0,
+        num_kv_heads: int = 1,
     ):
         self.policies = list(dict.fromkeys(policies))
         self.page_size = page_size
@@ -87,6 +93,9 @@ class DecodeColumns:
         self._index = {p: i for i, p in enumerate(self.policies)}
         self.min_sparse_tokens = min_sparse_tokens
         self._dense = {p: dataclasses.replace(p, sparse_decode=False) for p in self.policies}
+        self.num_kv_heads = num_kv_heads
+        self._no_pages = torch.zeros(max_reqs * num_kv_heads, 1, dtype=torch.int32, device=device)
+        self._no_counts = torch.zeros(max_reqs * num_kv_heads, dtype=torch.int32, device=device)
 
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
@@ -120,4 +129,6 @@ class DecodeColumns:
             host_columns=host_cols,
             page_cap=self.page_cap,
             select_caps=self.select_caps,
+            no_pages=self._no_pages[: b * self.num_kv_heads],
+            no_counts=self._no_counts[: b * self.num_kv_heads],
         )

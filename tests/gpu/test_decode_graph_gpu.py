@@ -3,7 +3,7 @@ heads, d 128, bf16, pages of 16): captured once with vLLM's capture metadata (ev
 token long), replayed with other lengths, block tables and keys, it gives what an eager run with
 those inputs gives, and that equals the torch reference; eager runs make no host sync.
 
-Per method: the K/V and page-metadata writes, the selection (scores, top-k or top-p) and the
+Per method: the K/V and page-metadata write (one launch for a decode step), the selection (scores, top-k or top-p) and the
 attention, exactly what a layer's forward launches for a batch of decodes.
 """
 
@@ -19,7 +19,7 @@ require_cuda()
 from vllm_sparse.config import SparseConfig  # noqa: E402
 from vllm_sparse.decode_step import DecodeColumns  # noqa: E402
 from vllm_sparse.kernels.decode_attention import decode_attention_reference, decode_attention_triton  # noqa: E402
-from vllm_sparse.kernels.kv_write import write_kv_triton  # noqa: E402
+from vllm_sparse.kernels.kv_write import write_decode_step_triton  # noqa: E402
 from vllm_sparse.layout import MetaPlanes, PageLayout  # noqa: E402
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow  # noqa: E402
 from vllm_sparse.metadata.page_minmax import write_page_minmax  # noqa: E402
@@ -56,7 +56,7 @@ class DecodeLayer:
         self.cache = torch.randn(num_blocks, slots, N, 2 * D, device=DEV).bfloat16()
         self.layout = PageLayout.of(self.cache, HKV, "interleaved")
         self.meta = planes.views(self.cache) if planes else None
-        self.columns = DecodeColumns([self.policy], N, 16, MAX_LEN, DEV)
+        self.columns = DecodeColumns([self.policy], N, 16, MAX_LEN, DEV, num_kv_heads=HKV)
         self.block_table = torch.zeros(B, MAX_LEN // N, dtype=torch.int32, device=DEV)
         self.query = torch.zeros(B, HQ, D, device=DEV, dtype=torch.bfloat16)
         self.key = torch.zeros(B, HKV, D, device=DEV, dtype=torch.bfloat16)
@@ -91,19 +91,14 @@ class DecodeLayer:
     def run(self) -> None:
         """The layer's decode forward: KV + metadata write, selection, attention."""
         layout = self.layout
-        write_kv_triton(layout, self.cache, self.key, self.value, self.slots)
-        if self.meta is not None:
-            write_page_minmax(layout, self.cache, self.meta, self.slots)
-            if self.meta.codes is not None:
-                write_int4_shadow(self.meta, self.key, self.slots, N, self.cache.dtype)
+        write_decode_step_triton(layout, self.cache, self.meta, self.key, self.value, self.slots)  # one launch
         step = self.step
         if step.selects(self.policy):
             pages, counts = self.selector.select_decode(
                 self.query, layout.page_keys(self.cache), layout, self.meta, step, self.policy
             )
-        else:
-            pages = torch.zeros(B * HKV, 1, dtype=torch.int32, device=DEV)
-            counts = torch.zeros(B * HKV, dtype=torch.int32, device=DEV)
+        else:  # the step's persistent no-selection buffers, as the impl passes them
+            pages, counts = step.no_pages, step.no_counts
         decode_attention_triton(
             self.query, layout.page_keys(self.cache), layout.page_values(self.cache), step.block_table,
             pages, counts, step.columns[self.policy], layout.num_head_slots, SCALE, self.out,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionImpl, AttentionType
@@ -18,13 +19,24 @@ from vllm_sparse.backend.startup import load_config
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.executors import get_executor, reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
-from vllm_sparse.metadata import get_kv_writer
+from vllm_sparse.metadata import get_decode_step_writer, get_kv_writer
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.tables import build_page_tables
 
 logger = logging.getLogger("vllm_sparse")
+
+
+def _decode_only_step(layer) -> bool:
+    """Whether this step's tokens are all decodes (one per request, the CUDA-graph case), so
+    that no two written slots share a page (``kernels.kv_write``)."""
+    if not is_forward_context_available():
+        return False
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, dict):
+        metadata = metadata.get(layer.layer_name)
+    return isinstance(metadata, SparseAttentionMetadata) and metadata.decode is not None and not metadata.has_prefill
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         device_type = "cpu" if current_platform.is_cpu() else "cuda"
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
+        self.write_decode_step = get_decode_step_writer(device_type)  # None: no fused decode write
         self.block_size = vllm_config.cache_config.block_size
         self.execute = self._pick_executor(device_type)
         self.max_model_len = mc.max_model_len if (mc := vllm_config.model_config) is not None else 0
@@ -162,13 +175,16 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             return
         views = self._views(kv_cache)
         layout, meta = views.layout, views.meta
-        self.write_kv(layout, kv_cache, key, value, slot_mapping)
+        if self.write_decode_step is not None and _decode_only_step(layer):
+            self.write_decode_step(layout, kv_cache, meta, key, value, slot_mapping)  # one launch
+        else:
+            self.write_kv(layout, kv_cache, key, value, slot_mapping)
+            if meta is not None and meta.kmin is not None:
+                write_page_minmax(layout, kv_cache, meta, slot_mapping)
+            if meta is not None and meta.codes is not None:
+                write_int4_shadow(meta, key, slot_mapping, layout.page_size, kv_cache.dtype)
         if meta is None:
             return
-        if meta.kmin is not None:
-            write_page_minmax(layout, kv_cache, meta, slot_mapping)
-        if meta.codes is not None:
-            write_int4_shadow(meta, key, slot_mapping, layout.page_size, kv_cache.dtype)
         if meta_check.ENABLED and not meta_check.capturing(kv_cache):  # debug only (off by default)
             meta_check.check_written(layer.layer_name, layout, kv_cache, meta, slot_mapping)
 
@@ -253,7 +269,9 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         rows = b * layout.num_kv_heads
         if decode.selects(self.policy):
             pages, counts = self.selector.select_decode(query, views.page_keys, layout, views.meta, decode, self.policy)
-        else:  # dense layer, or decodes dense for this method: every row attends all its pages
+        elif decode.no_counts is not None and decode.no_counts.shape[0] == rows:
+            pages, counts = decode.no_pages, decode.no_counts  # dense: every row attends all its pages
+        else:
             pages = torch.zeros(rows, 1, dtype=torch.int32, device=query.device)
             counts = torch.zeros(rows, dtype=torch.int32, device=query.device)
         decode_attention_triton(

@@ -161,6 +161,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 vllm_config.model_config.max_model_len,
                 device,
                 min_sparse_tokens=min_sparse_decode,
+                num_kv_heads=self._num_kv_heads,
             )
 
     @staticmethod

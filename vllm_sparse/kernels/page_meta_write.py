@@ -112,6 +112,32 @@ def _round_half_even(y):
 
 
 @triton.jit
+def write_int4_row(
+    src, codes_dst, scale_dst, zero_dst, HALF_D: tl.constexpr, BLOCK_HD: tl.constexpr, CACHE_DTYPE: tl.constexpr
+):
+    """Quantize one key row (``2 * HALF_D`` elements at ``src``) exactly like ``quantize_int4``
+    (IEEE division, round half to even) and store its codes, scale and zero."""
+    j = tl.arange(0, BLOCK_HD)
+    jm = j < HALF_D
+    # the key as stored in the cache dtype, then float32 (like ``key.to(dtype)`` + ``.float()``)
+    xe = tl.load(src + 2 * j, mask=jm, other=0.0).to(CACHE_DTYPE).to(tl.float32)
+    xo = tl.load(src + 2 * j + 1, mask=jm, other=0.0).to(CACHE_DTYPE).to(tl.float32)
+    lo = tl.minimum(tl.min(tl.where(jm, xe, float("inf"))), tl.min(tl.where(jm, xo, float("inf"))))
+    hi = tl.maximum(tl.max(tl.where(jm, xe, float("-inf"))), tl.max(tl.where(jm, xo, float("-inf"))))
+    zero = lo.to(tl.float16)
+    z = zero.to(tl.float32)
+    scale = tl.math.div_rn(hi - z, 15.0).to(tl.float16)
+    s = scale.to(tl.float32)
+    s = tl.where(s > 0, s, 1.0)
+    qe = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(xe - z, s)), 0.0), 15.0)
+    qo = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(xo - z, s)), 0.0), 15.0)
+    byte = (qe.to(tl.int32) | (qo.to(tl.int32) << 4)).to(tl.uint8)
+    tl.store(codes_dst + j, byte, mask=jm)
+    tl.store(scale_dst, scale)
+    tl.store(zero_dst, zero)
+
+
+@triton.jit
 def _int4_write_kernel(
     slot_ptr,
     key_ptr,
@@ -136,29 +162,19 @@ def _int4_write_kernel(
     if slot >= 0:
         block = slot // PAGE
         offset = slot % PAGE
-        j = tl.arange(0, BLOCK_HD)
-        jm = j < HALF_D
-        src = key_ptr + t.to(tl.int64) * stride_kt + h * stride_kh + 2 * j
-        # the key as stored in the cache dtype, then float32 (like ``key.to(dtype)`` + ``.float()``)
-        xe = tl.load(src, mask=jm, other=0.0).to(CACHE_DTYPE).to(tl.float32)
-        xo = tl.load(src + 1, mask=jm, other=0.0).to(CACHE_DTYPE).to(tl.float32)
-        lo = tl.minimum(tl.min(tl.where(jm, xe, float("inf"))), tl.min(tl.where(jm, xo, float("inf"))))
-        hi = tl.maximum(tl.max(tl.where(jm, xe, float("-inf"))), tl.max(tl.where(jm, xo, float("-inf"))))
-        zero = lo.to(tl.float16)
-        z = zero.to(tl.float32)
-        scale = tl.math.div_rn(hi - z, 15.0).to(tl.float16)
-        s = scale.to(tl.float32)
-        s = tl.where(s > 0, s, 1.0)
-        qe = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(xe - z, s)), 0.0), 15.0)
-        qo = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(xo - z, s)), 0.0), 15.0)
-        byte = (qe.to(tl.int32) | (qo.to(tl.int32) << 4)).to(tl.uint8)
-        tl.store(codes_ptr + block * stride_cb + h * stride_ch + offset * stride_cn + j, byte, mask=jm)
         so = block * stride_sb + h * stride_sh + offset
-        tl.store(scale_ptr + so, scale)
-        tl.store(zero_ptr + so, zero)
+        write_int4_row(
+            key_ptr + t.to(tl.int64) * stride_kt + h * stride_kh,
+            codes_ptr + block * stride_cb + h * stride_ch + offset * stride_cn,
+            scale_ptr + so,
+            zero_ptr + so,
+            HALF_D,
+            BLOCK_HD,
+            CACHE_DTYPE,
+        )
 
 
-_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 def write_int4_shadow_triton(
@@ -172,7 +188,7 @@ def write_int4_shadow_triton(
     assert key.stride(-1) == 1 and meta.codes.stride(-1) == 1 and meta.scale.stride() == meta.zero.stride()
     if not key.is_cuda and dtype is not None and key.dtype != dtype:
         key = key.to(dtype)  # Triton's interpreter truncates float32 -> bfloat16; the GPU rounds to even
-    cache_dtype = _TL_DTYPES[dtype or key.dtype]
+    cache_dtype = TL_DTYPES[dtype or key.dtype]
     slots = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
     _int4_write_kernel[(t, hkv)](
         slots,

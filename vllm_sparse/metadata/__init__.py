@@ -31,4 +31,15 @@ def get_kv_writer(device_type: str) -> KVWriter:
     return write_kv_reference
 
 
-__all__ = ["KVWriter", "get_kv_writer", "write_kv_reference"]
+def get_decode_step_writer(device_type: str) -> KVWriter | None:
+    """The one-launch writer of a decode step's K/V and page metadata
+    (``kernels.kv_write.write_decode_step_triton``) on CUDA with triton; None elsewhere (the
+    generic writers then run: ``get_kv_writer`` and the metadata writers)."""
+    if device_type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from vllm_sparse.kernels.kv_write import write_decode_step_triton
+
+        return write_decode_step_triton
+    return None
+
+
+__all__ = ["KVWriter", "get_decode_step_writer", "get_kv_writer", "write_kv_reference"]
