@@ -4,7 +4,7 @@ Each run is a ``serve_bench.json`` whose ratios are to the FLASH_ATTN measured o
 in the same run; a backend's value is the mean of its runs' ratios. Writes ``targets.json`` (every
 target, the runs' values, their mean, met or not) and prints one line per target.
 
-    python benchmarks/serve_targets.py --out benchmarks/results/serve_bench_h100_session9/targets.json
+    python benchmarks/serve_targets.py --out benchmarks/results/serve_bench_h100_session10/targets.json
 
 Which runs stand for a backend can differ per load (``use``): a load re-measured after a change of the
 code it exercises takes the new runs only.
@@ -25,13 +25,16 @@ runs = {
     "s8_run2": R + "serve_bench_h100_session8/run2/serve_bench.json",
     "s7_run2": R + "serve_bench_h100_session7/run2_twilight/serve_bench.json",
     "s9": R + "serve_bench_h100_session9/sb/serve_bench.json",
+    "s10": R + "serve_bench_h100_session10/sb/serve_bench.json",
 }
-# backend -> {load or "*": runs}; session 9 re-measured the decode loads after the split top-k
+# backend -> {load or "*": runs}; session 9 re-measured the decode loads after the split top-k; session
+# 10 every load of Quest, Twilight and QuoKA after the 64-query prefill window became their default and
+# a decode step's writes became one launch (both change every load)
 DECODE_LOADS = ("tpot128k", "decode16", "C")
 use = {
-    "sparse_quest": {"*": ["s8_run1", "s8_run2"]} | {ld: ["s9"] for ld in DECODE_LOADS},
-    "sparse_twilight": {"*": ["s7_run2", "s8_run2"]} | {ld: ["s9"] for ld in DECODE_LOADS},
-    "sparse_quoka": {"*": ["s8_run1"]},
+    "sparse_quest": {"*": ["s10"]},
+    "sparse_twilight": {"*": ["s10"]},
+    "sparse_quoka": {"*": ["s10"]},
     "sparse_quoka+sparse_decode": {"*": ["s8_run1"]} | {ld: ["s9"] for ld in DECODE_LOADS},
     "FLASHINFER": {"*": ["s8_run1"]},
 }
