@@ -4,7 +4,7 @@ CUDA graphs) and ``vllm bench serve``, every backend in one session on one GPU.
 Model: Llama-3.1-8B shapes with random weights (``--load-format dummy``) and a synthetic
 tokenizer over its 128,256 ids (``build_model``: four letters per token, so prompts have exactly
 the asked lengths; no model hub needed). Prefix caching off,
-chunks of 8192 tokens, at most 16 running requests, each backend's shipped defaults plus the
+chunks of 8192 tokens (``--chunk``), at most 16 running requests, each backend's shipped defaults plus the
 ``--sparse-config`` given (default: a 12.5% budget).
 
 Loads (``--loads``, names from ``LOADS``): ``tpot128k`` one 130,000-token prompt, 256 new tokens;
@@ -112,11 +112,11 @@ def build_model(path: Path) -> Path:
     return path
 
 
-def server_cmd(model: Path, backend: str, port: int, sparse_cfg: dict | None) -> list[str]:
+def server_cmd(model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192) -> list[str]:
     cmd = VLLM + [
         "serve", str(model), "--port", str(port), "--attention-backend", backend,
         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "131072",
-        "--max-num-batched-tokens", "8192", "--max-num-seqs", "16", "--no-enable-prefix-caching",
+        "--max-num-batched-tokens", str(chunk), "--max-num-seqs", "16", "--no-enable-prefix-caching",
         "--gpu-memory-utilization", "0.9", "--served-model-name", "llama8b",
     ]  # fmt: skip
     if sparse_cfg is not None:
@@ -226,7 +226,8 @@ def mean_of_passes(passes: list[dict]) -> dict:
 
 
 def run_backend(
-    label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1
+    label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1,
+    chunk: int = 8192,
 ) -> dict:
     """One server for ``label`` (``BACKEND[+variant...]``), every load ``repeat`` times on it."""
     backend, *variants = label.split("+")
@@ -240,11 +241,12 @@ def run_backend(
                 raise SystemExit(f"unknown variant {v!r}")
     tag = label.lower().replace("+", "_")
     log_path = out / f"server_{tag}.log"
-    cmd = server_cmd(model, backend, port, cfg)
+    cmd = server_cmd(model, backend, port, cfg, chunk)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1"))  # fmt: skip
-    res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "loads": {}}
+    res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "chunk": chunk,
+           "loads": {}}  # fmt: skip
     try:
         res["engine_start_s"] = round(wait_ready(port, proc, 900), 1)
         names = {ld: [f"{tag if i == 0 else f'{tag}_pass{i + 1}'}_{ld}.json" for i in range(repeat)] for ld in loads}
@@ -348,7 +350,7 @@ def summarise(results: dict) -> dict:
                 if entry["decode_throughput"] and decode_throughput(b):
                     entry["decode_throughput_vs_flash_attn"] = round(entry["decode_throughput"] / decode_throughput(b), 3)
             if load == "tpot128k" and label.startswith("sparse_") and base.get(load, {}).get("mean_ttft_ms"):
-                limit = ttft_limit_ms(base[load]["mean_ttft_ms"], m["input"], budget_fraction(r))
+                limit = ttft_limit_ms(base[load]["mean_ttft_ms"], m["input"], budget_fraction(r), r.get("chunk", 8192))
                 entry["ttft_limit"] = {**limit, "ttft_vs_limit": round(m["mean_ttft_ms"] / limit["limit_ms"], 3)}
             row[label] = entry
     return table
@@ -407,6 +409,7 @@ def main() -> None:
     r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
     r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
     r.add_argument("--port", type=int, default=8123)
+    r.add_argument("--chunk", type=int, default=8192, help="--max-num-batched-tokens of every server (chunked prefill)")
     r.add_argument("--repeat-baseline", type=int, default=2, help="passes of every load on FLASH_ATTN (mean)")
     r.add_argument("--repeat", type=int, default=1, help="passes of every load on the other backends (mean)")
     r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
@@ -442,6 +445,7 @@ def main() -> None:
         doc["runs"][label] = run_backend(
             label, model, out, own_loads.split("/") if own_loads else loads, json.loads(args.sparse_config),
             args.port, t_start + args.deadline, args.repeat_baseline if label == "FLASH_ATTN" else args.repeat,
+            args.chunk,
         )
         doc["runs"][label]["wall_s"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(doc, indent=1))
