@@ -1,0 +1,191 @@
+"""CompactAttention-FP: FlashPrefill's block scores, thresholded per query tile and head, lowered
+to one page set per (request, KV head) by a union over the chunk's tiles and the group's heads.
+
+A block is ``bp`` whole pages (``compact.block_pages``; default about 128 tokens), ``B = bp * N``
+tokens: block ``j`` holds positions ``[j * B, (j + 1) * B)``. Per sparse prefill request, whose
+scored queries (the whole chunk unless ``chunk_query_window`` is set) sit at positions
+``start .. seq - 1`` and whose past is ``ctx`` tokens:
+
+1. mean-pool the keys of every complete block before the sequence's end: ``mean_k [Hkv, nb, D]``,
+   ``nb = seq // B`` (float32, from the cache in place);
+2. cut the scored queries into tiles of ``compact.tile`` rows from the first one; per tile and
+   query head, ``s[i, j] = q_i . mean_k[j] * scale`` for every row ``i`` that sees the whole of
+   block ``j`` (its last token at or before the row's position: FlashPrefill's causal rule, so a
+   block in the chunk counts only for the rows after it);
+3. per block ``m_j = max_i s[i, j]`` and ``S_j = sum_i exp(s[i, j] - m_j)``; ``w_j = S_j *
+   exp(m_j - max_j m_j)``; FlashPrefill's score is ``w_j / sum_j w_j``. A past block (``j < ctx //
+   B``) is kept where ``score_j >= alpha * max_j score_j`` (``alpha = compact.block_threshold``),
+   decided as ``w_j >= alpha * max_j w_j``: the normaliser cancels. The chunk's own complete blocks
+   enter the maximum and the normaliser as in FlashPrefill (they are attended anyway);
+4. union over the tiles (per query head), then over the ``G`` query heads of each KV head;
+5. a row's pages: every page of a kept block, plus the past pages of the block that holds the
+   chunk's first token (FlashPrefill's diagonal block, which its window keeps), less the forced
+   pages (sink, local window), which the tables add with the chunk's own pages.
+
+Rows therefore carry a variable number of pages (``Selection.counts``, on the device; the policy
+caps them at every non-forced past page: ``LayerPolicy.select_all``); no budget enters. Sizes
+come from the host plan, so nothing here waits for the device. Per layer the kept and scored past
+blocks of each stage (per tile and head, per head, per KV head) go to the stats counters
+(``stats.record_unions``) when they are on.
+
+Decode steps run dense (the paper's method is prefill-only; ``sparse_decode: true`` is refused
+at engine start).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_sparse import stats
+from vllm_sparse.config import CompactOptions, LayerPolicy
+from vllm_sparse.decode_step import DecodeStep
+from vllm_sparse.layout import PageLayout, PageMeta
+from vllm_sparse.policy import RequestPlan, StepPlan
+from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection, past_page_ids
+
+#: score elements (heads x rows x blocks) computed at a time: bounds the selector's memory
+SCORE_ELEMENTS = 1 << 24
+
+
+def block_means(page_keys: torch.Tensor, page_ids: torch.Tensor, block_pages: int) -> torch.Tensor:
+    """``float32 [Hkv, nb, D]`` mean key of each block of ``block_pages`` complete pages.
+
+    Args:
+        page_keys: ``[num_pages, N, D]`` keys by physical page id.
+        page_ids: ``int64 [Hkv, nb * block_pages]`` physical ids of the blocks' pages, in order.
+    """
+    hkv, pages = page_ids.shape
+    keys = page_keys[page_ids].float()  # [Hkv, P, N, D]
+    return keys.reshape(hkv, pages // block_pages, -1, keys.shape[-1]).mean(dim=2)
+
+
+def tile_block_keep(
+    q: torch.Tensor, mean_k: torch.Tensor, first_pos: int, block_tokens: int, num_past_blocks: int,
+    scale: float, alpha: float, tile: int,
+) -> torch.Tensor:  # fmt: skip
+    """FlashPrefill's decision per (query tile, query head) over the past blocks.
+
+    Args:
+        q: ``[C, Hq, D]`` scored queries at positions ``first_pos .. first_pos + C - 1``.
+        mean_k: ``float32 [Hkv, nb, D]`` block mean keys (``block_means``), ``nb >= num_past_blocks``.
+        block_tokens: ``B``; blocks ``j < num_past_blocks`` are the candidates (seen by every row).
+        alpha: keep blocks whose score reaches ``alpha`` times the tile's best (0: every block).
+        tile: rows per tile.
+    Returns:
+        ``bool [Hkv, G, T, num_past_blocks]`` with ``T = ceil(C / tile)``.
+    """
+    c, hq, d = q.shape
+    hkv, nb, _ = mean_k.shape
+    g, t = hq // hkv, -(-c // tile)
+    keep = torch.empty(hkv, g, t, num_past_blocks, dtype=torch.bool, device=q.device)
+    if num_past_blocks == 0:
+        return keep
+    pos = first_pos + torch.arange(t * tile, device=q.device)  # padding rows: past the chunk
+    ends = (torch.arange(nb, device=q.device) + 1) * block_tokens  # block j's end, exclusive
+    sees = (ends[None, :] <= pos[:, None] + 1) & (torch.arange(t * tile, device=q.device) < c)[:, None]
+    qg = torch.nn.functional.pad(q.float(), (0, 0, 0, 0, 0, t * tile - c))  # [T * tile, Hq, D]
+    qg = qg.view(t * tile, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, G, T * tile, D]
+    step = max(1, SCORE_ELEMENTS // max(1, hq * tile * nb))  # tiles at a time
+    for a in range(0, t, step):
+        b = min(a + step, t)
+        rows = slice(a * tile, b * tile)
+        s = torch.matmul(qg[:, :, rows], mean_k.transpose(1, 2)[:, None]) * scale  # [Hkv, G, R, nb]
+        s = s.masked_fill(~sees[rows], float("-inf")).view(hkv, g, b - a, tile, nb)
+        m = s.amax(dim=3)  # [Hkv, G, T', nb]: -inf where no row of the tile sees the block
+        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        w = torch.exp(s - m_safe[:, :, :, None]).sum(dim=3)  # S_j
+        w = w * torch.exp(m - m.amax(dim=3, keepdim=True))  # S_j exp(m_j - max m): 0 where unseen
+        best = w.amax(dim=3, keepdim=True)
+        keep[:, :, a:b] = w[..., :num_past_blocks] >= alpha * best
+    return keep
+
+
+def union_counts(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two unions of a request's tile decisions and their stats.
+
+    Args:
+        keep: ``bool [Hkv, G, T, nbp]`` per KV head, query head, tile and past block.
+    Returns:
+        ``(groups bool [Hkv, nbp], counts int64 [6])``: the blocks each KV head keeps, and (kept,
+        scored) blocks per tile and head, per head (after the tile union), per KV head (after the
+        group union).
+    """
+    hkv, g, t, nbp = keep.shape
+    heads = keep.any(dim=2)  # [Hkv, G, nbp]
+    groups = heads.any(dim=1)  # [Hkv, nbp]
+    kept = torch.stack([keep.sum(), heads.sum(), groups.sum()])
+    scored = torch.tensor([keep.numel(), heads.numel(), groups.numel()], device=keep.device)
+    return groups, torch.stack([kept, scored], dim=1).flatten()
+
+
+def request_pages(
+    query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout, r: int,
+    req: RequestPlan, forced_past: torch.Tensor, options: CompactOptions, scale: float, window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The past pages request ``r`` of a plan keeps per KV head.
+
+    Args:
+        query: ``[T, Hq, D]`` the step's queries; block_table ``int [B, max_blocks]``.
+        forced_past: ``int64 [F']`` the request's forced past pages (left out of the result).
+    Returns:
+        ``(keep bool [Hkv, num_past], counts int64 [6])`` (``union_counts``).
+    """
+    n, hkv = layout.page_size, layout.num_kv_heads
+    bp = options.pages_per_block(n)
+    bt = bp * n
+    q = chunk_queries(query, req, window)
+    nb = req.seq_len // bt  # complete blocks
+    nbp = req.context_len // bt  # complete past blocks: the candidates
+    ids = past_page_ids(block_table, r, nb * bp, layout)  # [Hkv, nb * bp]
+    mean_k = block_means(page_keys, ids, bp)
+    tiles = tile_block_keep(q, mean_k, req.seq_len - q.shape[0], bt, nbp, scale, options.block_threshold, options.tile)
+    groups, counts = union_counts(tiles)
+    keep = torch.ones(hkv, req.num_past_pages, dtype=torch.bool, device=query.device)  # diagonal block's pages
+    keep[:, : nbp * bp] = groups.repeat_interleave(bp, dim=1)
+    keep[:, forced_past] = False
+    return keep, counts
+
+
+class CompactSelector:
+    fixed_counts = False  # the threshold keeps a different number of pages per row
+
+    def __init__(self, options: CompactOptions, scale: float | None = None, query_window: int | None = None,
+                 layer: int | None = None):  # fmt: skip
+        self.options = options
+        self.scale = scale
+        self.query_window = query_window
+        self.layer = layer
+
+    def for_layer(self, layer: int, num_layers: int) -> CompactSelector:
+        """This selector for ``layer`` (its stats counters are kept per layer)."""
+        return CompactSelector(self.options, self.scale, self.query_window, layer)
+
+    def __call__(self, query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
+                 plan: StepPlan, meta: PageMeta | None = None) -> Selection:  # fmt: skip
+        """See ``selectors.base.Selector``: rows ``B * Hkv``, each its kept past pages ascending,
+        ``counts <= num_select``; dense requests and decode rows select nothing."""
+        hkv = layout.num_kv_heads
+        state = plan.state.on(block_table, layout)
+        sel = empty_selection(plan, hkv, query.device)
+        scale = self.scale or query.shape[-1] ** -0.5
+        total = None
+        for r, req in enumerate(plan.requests):
+            if not req.sparse or req.num_select == 0 or req.query_len == 1:
+                continue
+            keep, counts = request_pages(
+                query, page_keys, block_table, layout, r, req, state.forced_past[r], self.options, scale,
+                self.query_window,
+            )  # fmt: skip
+            order = (~keep).to(torch.int8).argsort(dim=1, stable=True)  # kept pages first, ascending
+            rows = slice(r * hkv, (r + 1) * hkv)
+            sel.indices[rows, : req.num_select] = order[:, : req.num_select]
+            sel.counts[rows] = keep.sum(dim=1).to(torch.int32)
+            total = counts if total is None else total + counts
+        if total is not None and stats.enabled():
+            stats.record_unions(-1 if self.layer is None else self.layer, total)
+        return sel
+
+    def select_decode(self, query: torch.Tensor, page_keys: torch.Tensor, layout: PageLayout,
+                      meta: PageMeta | None, step: DecodeStep, policy: LayerPolicy):  # fmt: skip
+        """Never called: compact decodes dense (``sparse_decode: true`` is refused at start)."""
+        raise NotImplementedError("sparse_compact decodes dense; it has no decode selection")
