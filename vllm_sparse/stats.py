@@ -2,6 +2,8 @@
 
 Counted per worker process, per layer and step. Set ``SPARSE_ATTENTION_STATS`` to a JSON path
 and the worker rewrites it after every step (after the model's last layer); ``read_stats`` reads it.
+Block-union selectors (``selectors.compact``) add per layer the blocks they keep at each union stage
+(``record_unions``; ``block_unions`` in the snapshot).
 """
 
 from __future__ import annotations

@@ -113,9 +113,10 @@ def union_counts(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     hkv, g, t, nbp = keep.shape
     heads = keep.any(dim=2)  # [Hkv, G, nbp]
     groups = heads.any(dim=1)  # [Hkv, nbp]
-    kept = torch.stack([keep.sum(), heads.sum(), groups.sum()])
-    scored = torch.tensor([keep.numel(), heads.numel(), groups.numel()], device=keep.device)
-    return groups, torch.stack([kept, scored], dim=1).flatten()
+    out = []
+    for x in (keep, heads, groups):  # (sizes as fills, not host copies: nothing waits for the device)
+        out += [x.sum(), torch.full((), x.numel(), dtype=torch.int64, device=x.device)]
+    return groups, torch.stack(out)
 
 
 def request_pages(
