@@ -76,6 +76,28 @@ def test_tile_decisions_match_the_oracle(c, ctx, bp, tile, alpha):
     assert 0 < int(got.sum()) < got.numel(), "the case decides something (the test can fail)"
 
 
+def test_slices_give_what_one_pass_gives(monkeypatch):
+    """The block means gathered a block at a time and the scores computed a tile at a time (the
+    memory bounds) equal one pass, and the means equal the token keys' means."""
+    from vllm_sparse.selectors import compact
+
+    n, hkv, d, bp, seq = 16, 2, 16, 2, 700
+    b = make_paged_batch([seq], hkv, n, d, seed=3)
+    layout = PageLayout.of(b.kv_cache, hkv, b.order)
+    nb = seq // (bp * n)
+    ids = layout.page_ids(b.block_table[0, : nb * bp].long()[None, :], torch.arange(hkv)[:, None])
+    q = randn(100, hkv * 4, d, g=gen(4)) * 3
+    whole = block_means(layout.page_keys(b.kv_cache), ids, bp)
+    keep = tile_block_keep(q, whole, 600, bp * n, 18, d**-0.5, 0.5, 16)
+    monkeypatch.setattr(compact, "MEAN_ELEMENTS", 1)
+    monkeypatch.setattr(compact, "SCORE_ELEMENTS", 1)
+    sliced = block_means(layout.page_keys(b.kv_cache), ids, bp)
+    assert torch.equal(sliced, whole)
+    assert torch.equal(tile_block_keep(q, sliced, 600, bp * n, 18, d**-0.5, 0.5, 16), keep)
+    tokens = b.keys[0][: nb * bp * n].double().view(nb, bp * n, hkv, d).mean(1).transpose(0, 1)
+    torch.testing.assert_close(whole.double(), tokens)
+
+
 def smallest_covering_table(keep_g: torch.Tensor) -> set[int]:
     """Brute force: among every set of blocks, the smallest that holds each block some (tile, head)
     of the group selected; it must be unique."""

@@ -45,6 +45,8 @@ from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection
 
 #: score elements (heads x rows x blocks) computed at a time: bounds the selector's memory
 SCORE_ELEMENTS = 1 << 24
+#: key elements gathered at a time for the block means
+MEAN_ELEMENTS = 1 << 25
 
 
 def block_means(page_keys: torch.Tensor, page_ids: torch.Tensor, block_pages: int) -> torch.Tensor:
@@ -55,8 +57,15 @@ def block_means(page_keys: torch.Tensor, page_ids: torch.Tensor, block_pages: in
         page_ids: ``int64 [Hkv, nb * block_pages]`` physical ids of the blocks' pages, in order.
     """
     hkv, pages = page_ids.shape
-    keys = page_keys[page_ids].float()  # [Hkv, P, N, D]
-    return keys.reshape(hkv, pages // block_pages, -1, keys.shape[-1]).mean(dim=2)
+    n, d = page_keys.shape[1:]
+    nb = pages // block_pages
+    out = torch.empty(hkv, nb, d, dtype=torch.float32, device=page_keys.device)
+    step = max(1, MEAN_ELEMENTS // (hkv * block_pages * n * d))  # blocks gathered at a time
+    for a in range(0, nb, step):
+        b = min(a + step, nb)
+        keys = page_keys[page_ids[:, a * block_pages : b * block_pages]]  # [Hkv, pages, N, D], cache dtype
+        out[:, a:b] = keys.reshape(hkv, b - a, -1, d).mean(dim=2, dtype=torch.float32)
+    return out
 
 
 def tile_block_keep(
