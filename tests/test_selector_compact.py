@@ -162,7 +162,7 @@ def test_row_pages_are_kept_blocks_plus_the_diagonal_block_less_forced_pages(seq
 def _run_layer(cfg, seq, qlens, query, b, layout, d):
     pk, pv = layout.page_keys(b.kv_cache), layout.page_values(b.kv_cache)
     plan = plan_step(cfg.for_layer(1), layout.page_size, query_start_loc(qlens), seq)
-    sel = make_selector(cfg, d**-0.5).for_layer(1, 2)(query, pk, b.block_table, layout, plan)
+    sel = make_selector(cfg, d**-0.5)(query, pk, b.block_table, layout, plan)
     tables = build_page_tables(plan, sel, b.block_table, layout)
     out = torch.empty_like(query)
     reference_executor(query, pk, pv, tables, plan, d**-0.5, out)
@@ -239,16 +239,16 @@ def test_a_batch_selects_what_each_request_selects_alone():
     assert int(together.counts.sum()) < hkv * (30 + 65 + 23) * 3 // 4, "pages dropped (the test can fail)"
 
 
-def test_union_counters_per_layer(monkeypatch, tmp_path):
-    """Stats on: each layer's kept/scored past blocks per stage; the unions only lose sparsity."""
-    monkeypatch.setenv(stats.STATS_ENV, str(tmp_path / "s.json"))
+def test_union_counters_per_layer():
+    """A selection's kept/scored past blocks per stage, added per layer (as the impl does) to the
+    counters; the unions only lose sparsity."""
     stats.reset()
     b, layout, qsl, query, _ = _planted()
     cfg = _config(compact={"block_threshold": 0.06, "block_pages": 2, "tile": 32})
     plan = plan_step(cfg.for_layer(1), 16, qsl, [1200])
-    base = make_selector(cfg, 0.25)
+    sel = make_selector(cfg, 0.25)(query, layout.page_keys(b.kv_cache), b.block_table, layout, plan)
     for layer in (1, 3, 3):
-        base.for_layer(layer, 4)(query, layout.page_keys(b.kv_cache), b.block_table, layout, plan)
+        stats.record_unions(layer, sel.unions)
     snap = stats.snapshot()["block_unions"]
     stats.reset()
     assert set(snap) == {"1", "3"}

@@ -25,15 +25,14 @@ HKV, D, N = 8, 128, 16
 REQS = [(1, 8000), (1024, 32768), (1, 3000), (512, 9000)]  # (query tokens, sequence tokens)
 
 
-def test_selection_tables_and_attention_without_sync(monkeypatch, tmp_path):
-    monkeypatch.setenv(stats.STATS_ENV, str(tmp_path / "s.json"))
+def test_selection_tables_and_attention_without_sync():
     stats.reset()
     cache, table, layout, _, qsl, query = _batch(REQS, seed=0)  # (its cache also holds Twilight's planes)
     cfg = SparseConfig(method="compact", dense_layers=[], compact={"block_threshold": 0.5})
     seqs = [s for _, s in REQS]
     plan = plan_step(cfg.for_layer(1), N, qsl, seqs)
     assert [r.sparse for r in plan.requests] == [False, True, False, True]
-    selector = make_selector(cfg, D**-0.5).for_layer(1, 2)
+    selector = make_selector(cfg, D**-0.5)
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     ex, out = TritonPagedExecutor(), torch.empty_like(query)
     warm = build_page_tables(plan, selector(query, pk, table, layout, plan), table, layout)
@@ -41,6 +40,7 @@ def test_selection_tables_and_attention_without_sync(monkeypatch, tmp_path):
     torch.cuda.synchronize()
     with no_sync():
         sel = selector(query, pk, table, layout, plan)
+        stats.record_unions(1, sel.unions)  # (as the impl does when the counters are on)
         tables = build_page_tables(plan, sel, table, layout)
         ex(query, pk, pv, tables, plan, D**-0.5, out)
     unions = stats.snapshot()["block_unions"]["1"]

@@ -24,9 +24,9 @@ scored queries (the whole chunk unless ``chunk_query_window`` is set) sit at pos
 
 Rows therefore carry a variable number of pages (``Selection.counts``, on the device; the policy
 caps them at every non-forced past page: ``LayerPolicy.select_all``); no budget enters. Sizes
-come from the host plan, so nothing here waits for the device. Per layer the kept and scored past
-blocks of each stage (per tile and head, per head, per KV head) go to the stats counters
-(``stats.record_unions``) when they are on.
+come from the host plan, so nothing here waits for the device. The selection carries the kept and
+scored past blocks of each stage (per tile and head, per head, per KV head: ``Selection.unions``),
+which the attention impl adds to the layer's stats counters (``stats.record_unions``).
 
 Decode steps run dense (the paper's method is prefill-only; ``sparse_decode: true`` is refused
 at engine start).
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import torch
 
-from vllm_sparse import stats
 from vllm_sparse.config import CompactOptions, LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
@@ -159,16 +158,10 @@ def request_pages(
 class CompactSelector:
     fixed_counts = False  # the threshold keeps a different number of pages per row
 
-    def __init__(self, options: CompactOptions, scale: float | None = None, query_window: int | None = None,
-                 layer: int | None = None):  # fmt: skip
+    def __init__(self, options: CompactOptions, scale: float | None = None, query_window: int | None = None):
         self.options = options
         self.scale = scale
         self.query_window = query_window
-        self.layer = layer
-
-    def for_layer(self, layer: int, num_layers: int) -> CompactSelector:
-        """This selector for ``layer`` (its stats counters are kept per layer)."""
-        return CompactSelector(self.options, self.scale, self.query_window, layer)
 
     def __call__(self, query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
                  plan: StepPlan, meta: PageMeta | None = None) -> Selection:  # fmt: skip
@@ -191,9 +184,7 @@ class CompactSelector:
             sel.indices[rows, : req.num_select] = order[:, : req.num_select]
             sel.counts[rows] = keep.sum(dim=1).to(torch.int32)
             total = counts if total is None else total + counts
-        if total is not None and stats.enabled():
-            stats.record_unions(-1 if self.layer is None else self.layer, total)
-        return sel
+        return Selection(sel.indices, sel.counts, total)
 
     def select_decode(self, query: torch.Tensor, page_keys: torch.Tensor, layout: PageLayout,
                       meta: PageMeta | None, step: DecodeStep, policy: LayerPolicy):  # fmt: skip
