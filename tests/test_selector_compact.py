@@ -308,14 +308,15 @@ def test_block_pages_default_and_start_up_reasons():
 # The CPU engine
 # ---------------------------------------------------------------------------------------------
 
-GEN_TOKENS = 32
+GEN_TOKENS = 8  # (decodes run dense: few, so that the prefill pages the threshold skips show in the counters)
 
 
 # alpha 0 keeps every block, through the selection path (force_sparse) from the first past page on
 ZERO_THRESHOLD = {"dense_layers": [], "dense_below_tokens": 0, "force_sparse": True, "compact": {"block_threshold": 0}}
-# random weights make blocks look alike: a high alpha over one-page blocks to drop pages at all
+# random weights make blocks look alike (at alpha 0.5 the unions kept 98-100% of the blocks): a high
+# alpha, one-page blocks and one tile per 100-token chunk (about 90% of the blocks dropped per tile)
 REAL_THRESHOLD = {"sink_tokens": 32, "local_tokens": 64, "dense_layers": [0], "dense_below_tokens": 256,
-                  "compact": {"block_threshold": 0.5, "block_pages": 1, "tile": 32}}  # fmt: skip
+                  "compact": {"block_threshold": 0.95, "block_pages": 1, "tile": 128}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -326,11 +327,12 @@ def engine_results(tiny_llama, run_engines):
 @pytest.mark.engine
 def test_engine_real_threshold_skips_pages_and_completes(engine_results):
     s = check_real_completes_sparse(engine_results, GEN_TOKENS)
-    assert s["prefill_attended_pages"] < 0.9 * s["prefill_dense_pages"], s
+    assert s["attended_pages"] < 0.9 * s["dense_pages"], s  # exact on CPU (decodes dense: every page)
     unions = s["block_unions"]
-    assert unions and "0" not in unions, unions  # layer 0 is dense
+    assert set(unions) == {"1", "2", "3"}, unions  # layer 0 is dense
     for layer in unions.values():
-        assert layer["tiles"]["sparsity"] >= layer["heads"]["sparsity"] >= layer["groups"]["sparsity"]
+        sparsity = [layer[k]["sparsity"] for k in ("tiles", "heads", "groups")]
+        assert sparsity[0] >= sparsity[1] >= sparsity[2] > 0.3, unions
 
 
 @pytest.mark.engine
