@@ -169,6 +169,18 @@ def _run_layer(cfg, seq, qlens, query, b, layout, d):
     return plan, sel, tables, out
 
 
+def test_a_past_shorter_than_a_block_keeps_its_pages_and_scores_nothing():
+    """No complete past block (ctx < B): nothing to decide, every non-forced past page is the
+    diagonal block's and is kept; no tile decision is counted."""
+    cfg = _config(sink_tokens=16, compact={"block_threshold": 0.9, "block_pages": 8, "tile": 32})
+    b, layout, qsl, query = _batch([200], [90])  # ctx 110 < 128
+    plan = plan_step(cfg.for_layer(1), 16, qsl, [200])
+    sel = make_selector(cfg, 0.25)(query, layout.page_keys(b.kv_cache), b.block_table, layout, plan)
+    assert sel.counts.tolist() == [5, 5]  # past pages 1..5 (page 0: sink)
+    assert sel.indices[:, :5].tolist() == [[1, 2, 3, 4, 5]] * 2
+    assert sel.unions.tolist() == [0, 0, 0, 0, 0, 0]
+
+
 def test_zero_threshold_equals_dense_in_a_mixed_batch():
     """block_threshold 0 keeps every block: through the selection path (force_sparse: even where the
     past is short) every row is dense attention's, beside a decode row (dense: compact decodes dense)

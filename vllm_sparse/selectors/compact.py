@@ -166,14 +166,14 @@ class CompactSelector:
     def __call__(self, query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
                  plan: StepPlan, meta: PageMeta | None = None) -> Selection:  # fmt: skip
         """See ``selectors.base.Selector``: rows ``B * Hkv``, each its kept past pages ascending,
-        ``counts <= num_select``; dense requests and decode rows select nothing."""
+        ``counts <= num_select``; dense requests (decode rows, as the policy plans them) select nothing."""
         hkv = layout.num_kv_heads
         state = plan.state.on(block_table, layout)
         sel = empty_selection(plan, hkv, query.device)
         scale = self.scale or query.shape[-1] ** -0.5
         total = None
         for r, req in enumerate(plan.requests):
-            if not req.sparse or req.num_select == 0 or req.query_len == 1:
+            if not req.sparse or req.num_select == 0:
                 continue
             keep, counts = request_pages(
                 query, page_keys, block_table, layout, r, req, state.forced_past[r], self.options, scale,
