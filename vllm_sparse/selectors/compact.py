@@ -118,7 +118,6 @@ def union_counts(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scored) blocks per tile and head, per head (after the tile union), per KV head (after the
         group union).
     """
-    hkv, g, t, nbp = keep.shape
     heads = keep.any(dim=2)  # [Hkv, G, nbp]
     groups = heads.any(dim=1)  # [Hkv, nbp]
     out = []
