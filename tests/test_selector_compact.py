@@ -79,6 +79,7 @@ def test_tile_decisions_match_the_oracle(c, ctx, bp, tile, alpha):
 def test_slices_give_what_one_pass_gives(monkeypatch):
     """The block means gathered a block at a time and the scores computed a tile at a time (the
     memory bounds) equal one pass, and the means equal the token keys' means."""
+    from vllm_sparse.kernels import block_scores
     from vllm_sparse.selectors import compact
 
     n, hkv, d, bp, seq = 16, 2, 16, 2, 700
@@ -90,7 +91,7 @@ def test_slices_give_what_one_pass_gives(monkeypatch):
     whole = block_means(layout.page_keys(b.kv_cache), ids, bp)
     keep = tile_block_keep(q, whole, 600, bp * n, 18, d**-0.5, 0.5, 16)
     monkeypatch.setattr(compact, "MEAN_ELEMENTS", 1)
-    monkeypatch.setattr(compact, "SCORE_ELEMENTS", 1)
+    monkeypatch.setattr(block_scores, "SCORE_ELEMENTS", 1)
     sliced = block_means(layout.page_keys(b.kv_cache), ids, bp)
     assert torch.equal(sliced, whole)
     assert torch.equal(tile_block_keep(q, sliced, 600, bp * n, 18, d**-0.5, 0.5, 16), keep)

@@ -38,12 +38,11 @@ import torch
 
 from vllm_sparse.config import CompactOptions, LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
+from vllm_sparse.kernels.block_scores import tile_block_stats, tile_block_stats_triton, triton_fits
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import RequestPlan, StepPlan
 from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection, past_page_ids
 
-#: score elements (heads x rows x blocks) computed at a time: bounds the selector's memory
-SCORE_ELEMENTS = 1 << 24
 #: key elements gathered at a time for the block means
 MEAN_ELEMENTS = 1 << 25
 
@@ -80,32 +79,17 @@ def tile_block_keep(
         alpha: keep blocks whose score reaches ``alpha`` times the tile's best (0: every block).
         tile: rows per tile.
     Returns:
-        ``bool [Hkv, G, T, num_past_blocks]`` with ``T = ceil(C / tile)``.
+        ``bool [Hkv, G, T, num_past_blocks]`` with ``T = ceil(C / tile)``: from the tile statistics
+        (``kernels.block_scores``: Triton on CUDA where the shapes fit, else the torch twin),
+        ``w_j = S_j exp(m_j - max_j m_j)`` kept where ``w_j >= alpha * max_j w_j``.
     """
-    c, hq, d = q.shape
-    hkv, nb, _ = mean_k.shape
-    g, t = hq // hkv, -(-c // tile)
-    keep = torch.empty(hkv, g, t, num_past_blocks, dtype=torch.bool, device=q.device)
     if num_past_blocks == 0:
-        return keep
-    pos = first_pos + torch.arange(t * tile, device=q.device)  # padding rows: past the chunk
-    ends = (torch.arange(nb, device=q.device) + 1) * block_tokens  # block j's end, exclusive
-    sees = (ends[None, :] <= pos[:, None] + 1) & (torch.arange(t * tile, device=q.device) < c)[:, None]
-    qg = torch.nn.functional.pad(q.float(), (0, 0, 0, 0, 0, t * tile - c))  # [T * tile, Hq, D]
-    qg = qg.view(t * tile, hkv, g, d).permute(1, 2, 0, 3)  # [Hkv, G, T * tile, D]
-    step = max(1, SCORE_ELEMENTS // max(1, hq * tile * nb))  # tiles at a time
-    for a in range(0, t, step):
-        b = min(a + step, t)
-        rows = slice(a * tile, b * tile)
-        s = torch.matmul(qg[:, :, rows], mean_k.transpose(1, 2)[:, None]) * scale  # [Hkv, G, R, nb]
-        s = s.masked_fill(~sees[rows], float("-inf")).view(hkv, g, b - a, tile, nb)
-        m = s.amax(dim=3)  # [Hkv, G, T', nb]: -inf where no row of the tile sees the block
-        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        w = torch.exp(s - m_safe[:, :, :, None]).sum(dim=3)  # S_j
-        w = w * torch.exp(m - m.amax(dim=3, keepdim=True))  # S_j exp(m_j - max m): 0 where unseen
-        best = w.amax(dim=3, keepdim=True)
-        keep[:, :, a:b] = w[..., :num_past_blocks] >= alpha * best
-    return keep
+        hkv, hq = mean_k.shape[0], q.shape[1]
+        return torch.empty(hkv, hq // hkv, -(-q.shape[0] // tile), 0, dtype=torch.bool, device=q.device)
+    stats_of = tile_block_stats_triton if triton_fits(q, tile) else tile_block_stats
+    m, s = stats_of(q, mean_k, first_pos, block_tokens, scale, tile)  # [Hkv, G, T, nb]
+    w = s * torch.exp(m - m.amax(dim=3, keepdim=True))  # 0 where no row of the tile sees the block
+    return w[..., :num_past_blocks] >= alpha * w.amax(dim=3, keepdim=True)
 
 
 def union_counts(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
