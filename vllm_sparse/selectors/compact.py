@@ -28,6 +28,9 @@ come from the host plan, so nothing here waits for the device. The selection car
 scored past blocks of each stage (per tile and head, per head, per KV head: ``Selection.unions``),
 which the attention impl adds to the layer's stats counters (``stats.record_unions``).
 
+The tile statistics (``m_j``, ``S_j``) come from ``kernels.block_scores``: one Triton launch per request
+on CUDA where the shapes fit, else its torch twin.
+
 Decode steps run dense (the paper's method is prefill-only; ``sparse_decode: true`` is refused
 at engine start).
 """
