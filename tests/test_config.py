@@ -362,7 +362,7 @@ def test_min_above_max_reported_beside_bad_fraction_in_same_budget():
         ({"quest": {"gqa_reduce": "mean"}}, "quest.gqa_reduce", "'mean'"),
         ({"twilight": {"top_p": 1.5}}, "twilight.top_p", "1.5"),
         ({"twilight": {"candidates": "kascade"}}, "twilight.candidates", "'kascade'"),
-        ({"compact": {"block_threshold": 0.0}}, "compact.block_threshold", "0.0"),
+        ({"compact": {"block_threshold": -0.1}}, "compact.block_threshold", "-0.1"),
         ({"quoka": {"num_queries": -4, "oops": 1}}, "quoka.num_queries", "-4"),
         ({"layers": {"1": {"sink_tokens": -7}}}, "layers.1.sink_tokens", "-7"),
         ({"layers": {"1": {"bogus": True}}}, "layers.1.bogus", "unknown"),

@@ -119,7 +119,12 @@ def bad_start_log(tiny_llama, run_engines):
         "model": tiny_llama,
         "runs": [
             {"name": "bad_config", "backend": "sparse_quoka", "additional_config": bad, "batches": [[[1, 2, 3]]]},
-            {"name": "not_implemented", "backend": "sparse_compact", "batches": [[[1, 2, 3]]]},
+            {
+                "name": "compact_sparse_decode",
+                "backend": "sparse_compact",
+                "additional_config": {"sparse_attention": {"sparse_decode": True}},
+                "batches": [[[1, 2, 3]]],
+            },
             {"name": "kascade_uncalibrated", "backend": "sparse_kascade", "batches": [[[1, 2, 3]]]},
         ],
     }
@@ -133,10 +138,10 @@ def test_bad_config_fails_at_start_with_every_reason(bad_start_log):
         assert needle in log, needle
 
 
-def test_unimplemented_method_fails_at_start(bad_start_log):
+def test_compact_sparse_decode_fails_at_start(bad_start_log):
     results, log = bad_start_log
-    assert not results["not_implemented"]["ok"]
-    assert "sparse_compact is not implemented yet" in log
+    assert not results["compact_sparse_decode"]["ok"]
+    assert "sparse_decode = True: sparse_compact selects pages for prefill chunks only" in log
 
 
 def test_uncalibrated_kascade_fails_at_start_saying_how_to_calibrate(bad_start_log):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import brute_attention, gen, make_paged_batch, query_start_loc, randn, single_thread  # noqa: F401
-from test_engine_quest_twilight import _prompts  # (the same batches as the other methods' engine tests)
+from method_engine import check_covering_gives_dense, check_real_completes_sparse, run_method_engines
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.executors import reference_executor
@@ -169,39 +169,19 @@ KASCADE = {"anchors": [0, 2], "head_map": {"1": [1, 0], "3": [0, 0]}}
 
 @pytest.fixture(scope="module")
 def engine_results(tiny_llama, run_engines):
-    common = {"batches": _prompts(), "max_tokens": GEN_TOKENS}
     full = {"budget": {"fraction": 1.0, "min_tokens": 0}, "dense_layers": [], "dense_below_tokens": 0,
             "force_sparse": True, "kascade": KASCADE}  # fmt: skip
     real = {"budget": {"fraction": 0.25, "min_tokens": 64, "max_tokens": None}, "sink_tokens": 32, "local_tokens": 64,
             "dense_layers": [0], "dense_below_tokens": 256, "kascade": {"anchors": "evenly_spaced", "num_anchors": 2}}  # fmt: skip
-    spec = {
-        "model": tiny_llama,
-        "runs": [
-            {"name": "dense", "backend": "CPU_ATTN", **common},
-            {"name": "full", "backend": "sparse_kascade", "additional_config": {"sparse_attention": full}, **common},
-            {"name": "sparse", "backend": "sparse_kascade", "additional_config": {"sparse_attention": real}, **common},
-        ],
-    }
-    results, _ = run_engines(spec)
-    for name, r in results.items():
-        assert r["ok"], f"{name}: {r.get('error')}"
-    return results
+    return run_method_engines(run_engines, tiny_llama, "sparse_kascade", full, real, GEN_TOKENS)
 
 
 @pytest.mark.engine
 def test_engine_covering_budget_gives_dense_tokens(engine_results):
-    dense, full = engine_results["dense"]["tokens"], engine_results["full"]["tokens"]
-    assert [len(t) for batch in full for t in batch] == [GEN_TOKENS] * 4
-    assert full == dense
-    assert full[1][1] == full[0][0]  # prompt `a` again, from cached pages
-    s = engine_results["full"]["stats"]
-    assert s["sparse_rows"] > 0 and s["attended_pages"] == s["dense_pages"], s
+    check_covering_gives_dense(engine_results, GEN_TOKENS)
 
 
 @pytest.mark.engine
 def test_engine_real_budget_skips_pages_and_completes(engine_results):
-    r = engine_results["sparse"]
-    assert [len(t) for batch in r["tokens"] for t in batch] == [GEN_TOKENS] * 4
-    s = r["stats"]
-    assert s["sparse_rows"] > 0
+    s = check_real_completes_sparse(engine_results, GEN_TOKENS)
     assert s["attended_pages"] < 0.85 * s["dense_pages"], s

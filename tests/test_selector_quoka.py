@@ -238,5 +238,6 @@ def test_planted_key_page_is_selected(order, query_len):
 def test_make_selector():
     s = make_selector(SparseConfig(quoka={"num_queries": 5}))
     assert isinstance(s, QuokaSelector) and s.num_queries == 5
-    with pytest.raises(NotImplementedError, match="sparse_compact"):
-        make_selector(SparseConfig(method="compact"))
+    from vllm_sparse.selectors import CompactSelector
+
+    assert isinstance(make_selector(SparseConfig(method="compact")), CompactSelector)

@@ -19,6 +19,7 @@ IMPLEMENTED = [
     backends.SparseQuestBackend,
     backends.SparseTwilightBackend,
     backends.SparseKascadeBackend,
+    backends.SparseCompactBackend,
 ]
 
 
@@ -214,7 +215,7 @@ def test_alibi_soft_cap_and_sliding_window_refused_by_the_layer(impl, kwargs, ne
     assert all(n in str(e.value) for n in needles), str(e.value)
 
 
-@pytest.mark.parametrize("method", ["quoka", "quest", "twilight", "kascade"])
+@pytest.mark.parametrize("method", ["quoka", "quest", "twilight", "kascade", "compact"])
 @pytest.mark.parametrize("block", [16, 24, 48, 64])
 def test_page_sizes_each_method_cannot_use(method, block):
     """Pages: a multiple of 16 tokens for every method (vLLM's block-size check), a power of two for Twilight."""

@@ -162,8 +162,53 @@ class KascadeOptions(_Strict):
         return reasons
 
 
+#: tokens of a FlashPrefill block; ``compact.block_pages`` defaults to the nearest whole number of pages
+COMPACT_BLOCK_TOKENS = 128
+
+
 class CompactOptions(_Strict):
-    block_threshold: Float = Field(0.06, gt=0.0, le=1.0)
+    """CompactAttention-FP (``selectors.compact``): per tile of ``tile`` chunk queries and query head,
+    FlashPrefill's normalised block score over mean-pooled key blocks of ``block_pages`` pages; a past
+    block is kept where its score reaches ``block_threshold`` (alpha) times the best block's, then
+    united over the chunk's tiles and over the query heads of each KV head. No budget: how many pages
+    a row attends follows from alpha (``budget`` only decides nothing here; ``dense_below_tokens``,
+    ``dense_layers``, sink and local pages apply as for every method).
+
+    ``block_threshold``: alpha; 0 keeps every block (a covering setting, for tests).
+    ``block_pages``: pages per block; None: ``round(128 / page_size)`` (at least 1).
+    ``tile``: chunk queries per tile (FlashPrefill: 128, its block size).
+    ``query_subgroup``: query heads per execution group; None: the whole KV group (the only one the
+    executors run; a smaller sub-group, the paper's 4 for GQA ratios above 4, is refused at start).
+    """
+
+    block_threshold: Float = Field(0.06, ge=0.0, le=1.0)
+    block_pages: Int | None = Field(None, ge=1)
+    tile: Int = Field(128, ge=1, description="chunk queries per tile")
+    query_subgroup: Int | None = Field(None, ge=1)
+
+    def pages_per_block(self, page_size: int) -> int:
+        """Pages of one block at ``page_size``: ``block_pages`` or about 128 tokens' worth."""
+        if self.block_pages is not None:
+            return self.block_pages
+        return max(1, round(COMPACT_BLOCK_TOKENS / page_size))
+
+    def engine_reasons(self, sparse_decode: bool | None, num_heads: int | None, num_kv_heads: int | None) -> list[str]:
+        """Reasons these options cannot run on an engine (``compact.*`` and ``sparse_decode``)."""
+        reasons = []
+        if sparse_decode:
+            reasons.append(
+                "sparse_decode = True: sparse_compact selects pages for prefill chunks only (the paper's "
+                "method); its decode steps run dense (leave sparse_decode unset or false)"
+            )
+        group = num_heads // num_kv_heads if num_heads and num_kv_heads else None
+        sub = self.query_subgroup
+        if sub is not None and (group is None or sub < group):
+            reasons.append(
+                f"compact.query_subgroup = {sub}: the executors run one page table per (request, KV head), "
+                f"so sub-groups smaller than the GQA group ({group if group else 'unknown'} query heads per "
+                "KV head) are not supported; leave it unset (the whole group shares one table)"
+            )
+        return reasons
 
 
 class BudgetOverride(_Strict):
@@ -189,6 +234,8 @@ class LayerOverride(_Strict):
 #: ``chunk_query_window`` of each method when the config leaves it unset (see the field); methods not
 #: listed score a prefill chunk's pages with every query of the chunk
 DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quoka": 64, "quest": 64, "twilight": 64}
+#: methods whose decode steps run dense when ``sparse_decode`` is unset (see the field)
+DENSE_DECODE = ("quoka", "compact")
 
 
 class SparseConfig(_Strict):
@@ -200,7 +247,8 @@ class SparseConfig(_Strict):
     dense_below_tokens: Int = Field(4096, ge=0)
     # Decode steps (one query token) sparse or dense; None: the method's default, dense for QuoKA
     # (its scoring reads every past key, so a decode step saves little and pays the selection;
-    # measured slower than dense on CPU and GPU) and sparse for Quest and Twilight (page metadata)
+    # measured slower than dense on CPU and GPU) and compact (a prefill-only method; true is refused
+    # at start) and sparse for Quest and Twilight (page metadata)
     # where it pays: on GPUs with a measured break-even (``cost.decode_break_even_tokens``) a step
     # whose decode rows add up to fewer past tokens decodes dense; True: every decode row past
     # ``dense_below_tokens`` sparse; False: decode dense.
@@ -271,8 +319,9 @@ class SparseConfig(_Strict):
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
-            sparse_decode=self.method != "quoka" if self.sparse_decode is None else self.sparse_decode,
-            decode_by_cost=self.sparse_decode is None and self.method != "quoka" and not self.force_sparse,
+            select_all=self.method == "compact",
+            sparse_decode=self.method not in DENSE_DECODE if self.sparse_decode is None else self.sparse_decode,
+            decode_by_cost=self.sparse_decode is None and self.method not in DENSE_DECODE and not self.force_sparse,
             force_sparse=self.force_sparse,
             sparse_prefill=self.sparse_prefill,
         )
@@ -297,6 +346,10 @@ class LayerPolicy:
     decode_by_cost: bool = False
     force_sparse: bool = False  # True: a covering budget selects every page instead of running dense
     sparse_prefill: bool | None = None  # None: the cost model decides per chunk; False: prefill dense
+    # True: every non-forced past page is a candidate and the selector's own rule decides how many it
+    # keeps (compact's threshold); the budget then neither caps the selection nor sends a request
+    # dense because it covers the context
+    select_all: bool = False
 
 
 @dataclass(frozen=True)

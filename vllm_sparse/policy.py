@@ -118,12 +118,15 @@ def plan_request(
     budget_pages = cdiv(budget_tokens, n)
     num_select = min(selectable, max(0, budget_pages - len(forced_past)))
 
+    if policy.select_all:  # the selector's rule decides how many (compact): every candidate, no budget
+        num_select = selectable
+    covered = selectable == 0 if policy.select_all else (budget_tokens >= ctx or num_select >= selectable)
     dense = (
         policy.dense
         or (query_len == 1 and not policy.sparse_decode)
         or ctx == 0
         or ctx < policy.dense_below_tokens
-        or (not policy.force_sparse and (budget_tokens >= ctx or num_select >= selectable))
+        or (not policy.force_sparse and covered)
         or (query_len > 1 and policy.sparse_prefill is False)
     )
     def dense_plan() -> RequestPlan:  # built only for requests that run dense
@@ -138,7 +141,8 @@ def plan_request(
         if policy.budget.max_tokens is not None:
             cand_tokens = min(cand_tokens, policy.budget.max_tokens)
         num_select = min(selectable, max(0, cdiv(cand_tokens, n) - len(forced_past)))
-    if query_len > 1 and policy.sparse_prefill is None and not policy.force_sparse and sparse_pays is not None:
+    by_cost = query_len > 1 and policy.sparse_prefill is None and not policy.force_sparse and sparse_pays is not None
+    if by_cost and not policy.select_all:  # (the cost model cannot know what a select_all selector keeps)
         if not sparse_pays(query_len, ctx, (num_select + len(forced_past)) * n):  # dense costs less
             return dense_plan()
     head = len(sink)
@@ -234,7 +238,7 @@ def select_cap(policy: LayerPolicy, page_size: int, max_model_len: int) -> int:
     n = page_size
     past_cap = max_model_len // n
     b = policy.budget
-    if policy.force_sparse:
+    if policy.force_sparse or policy.select_all:
         return past_cap
     tokens = max_model_len if b.max_tokens is None else max(b.max_tokens, b.min_tokens)
     if policy.select_fraction is not None:

@@ -2,6 +2,8 @@
 
 Counted per worker process, per layer and step. Set ``SPARSE_ATTENTION_STATS`` to a JSON path
 and the worker rewrites it after every step (after the model's last layer); ``read_stats`` reads it.
+Block-union selectors (``selectors.compact``) add per layer the blocks they keep at each union stage
+(``record_unions``; ``block_unions`` in the snapshot).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import json
 import os
 import threading
 from dataclasses import asdict, dataclass
+
+import torch
 
 STATS_ENV = "SPARSE_ATTENTION_STATS"
 
@@ -36,6 +40,14 @@ class PageCounters:
 _lock = threading.Lock()
 _counters = PageCounters()
 
+#: the stages of a block-union selector (``selectors.compact``), as the paper's Table 2: blocks kept
+#: per (query tile, query head) before any union, per query head after the union over the chunk's
+#: tiles, per (request, KV head) after the union over the group's query heads
+UNION_STAGES = ("tiles", "heads", "groups")
+#: per layer, ``int64 [2 * len(UNION_STAGES)]`` (kept, scored) past blocks of each stage, summed over
+#: the layer's forwards; on the selector's device (adding never syncs), read when a snapshot is taken
+_unions: dict[int, torch.Tensor] = {}
+
 
 def enabled() -> bool:
     """Whether the counters are written anywhere (``$SPARSE_ATTENTION_STATS`` set)."""
@@ -60,6 +72,30 @@ def record(
         _counters.prefill_dense_pages += prefill_dense
 
 
+def record_unions(layer: int, counts: torch.Tensor) -> None:
+    """Add one layer forward's block-union counts: ``int64 [6]``, (kept, scored) past blocks per
+    ``UNION_STAGES`` stage, on any device (kept there: no sync until a snapshot)."""
+    with _lock:
+        acc = _unions.get(layer)
+        _unions[layer] = counts.clone() if acc is None else acc.add_(counts)
+
+
+def _union_snapshot() -> dict:
+    """Per layer (string keys, JSON), each stage's kept and scored blocks and its sparsity."""
+    out = {}
+    for layer, acc in sorted(_unions.items()):
+        c = acc.tolist()
+        out[str(layer)] = {
+            stage: {
+                "kept": c[2 * i],
+                "scored": c[2 * i + 1],
+                "sparsity": 1 - c[2 * i] / c[2 * i + 1] if c[2 * i + 1] else 0.0,
+            }
+            for i, stage in enumerate(UNION_STAGES)
+        }
+    return out
+
+
 def record_meta_check(checked: int, mismatched: int) -> None:
     """Add one page metadata check's counts (``backend.meta_check``)."""
     with _lock:
@@ -70,6 +106,9 @@ def record_meta_check(checked: int, mismatched: int) -> None:
 def snapshot() -> dict:
     with _lock:
         d = asdict(_counters)
+        unions = _union_snapshot()
+    if unions:
+        d["block_unions"] = unions
     d["attended_share"] = d["attended_pages"] / d["dense_pages"] if d["dense_pages"] else 1.0
     pd = d["prefill_dense_pages"]
     d["prefill_attended_share"] = d["prefill_attended_pages"] / pd if pd else 1.0
@@ -80,6 +119,7 @@ def reset() -> None:
     global _counters
     with _lock:
         _counters = PageCounters()
+        _unions.clear()
 
 
 def flush() -> None:

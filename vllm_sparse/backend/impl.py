@@ -295,6 +295,8 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         else:
             if plan.any_sparse:  # 2 select
                 selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
+                if selection.unions is not None and stats.enabled():  # block-union selectors' stages
+                    stats.record_unions(self.layer_idx, selection.unions)
             else:
                 selection = state.no_selection
             tables = build_page_tables(plan, selection, block_table, layout)  # 3 tables

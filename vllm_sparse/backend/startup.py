@@ -54,7 +54,10 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
     if method == "twilight" and block and block & (block - 1):
         reasons.append(f"sparse_twilight needs a power-of-two block size for its INT4 key shadows (got {block})")
     mc = getattr(vllm_config, "model_config", None)
+    hkv = mc.get_total_num_kv_heads() if mc is not None else None
     if mc is not None and cfg is not None:
-        hkv = mc.get_total_num_kv_heads()
         reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers(), hkv)]
+    if method == "compact" and cfg is not None:
+        hq = getattr(getattr(mc, "model_arch_config", None), "total_num_attention_heads", None)
+        reasons += [f"config: {r}" for r in cfg.compact.engine_reasons(cfg.sparse_decode, hq, hkv)]
     return reasons

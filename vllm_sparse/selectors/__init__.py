@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.selectors.base import Selection, Selector
+from vllm_sparse.selectors.compact import CompactSelector
 from vllm_sparse.selectors.kascade import KascadeSelector
 from vllm_sparse.selectors.quest import QuestSelector
 from vllm_sparse.selectors.quoka import QuokaSelector
 from vllm_sparse.selectors.twilight import TwilightSelector
 
-IMPLEMENTED_METHODS = ("quoka", "quest", "twilight", "kascade")
-#: methods whose selector has a device decode path (``Selector.select_decode``, full CUDA graphs on
-#: GPUs); the others decode through the host-planned path (eager)
-DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight")
+IMPLEMENTED_METHODS = ("quoka", "quest", "twilight", "kascade", "compact")
+#: methods whose decodes run the device decode path (``Selector.select_decode``, full CUDA graphs on
+#: GPUs; compact's always dense there); the others decode through the host-planned path (eager)
+DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight", "compact")
 
 
 def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
@@ -32,6 +33,8 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
         return TwilightSelector(base, tw.top_p, scale, query_window=window)
     if config.method == "kascade":
         return KascadeSelector(config, scale)
+    if config.method == "compact":
+        return CompactSelector(config.compact, scale, query_window=window)
     raise NotImplementedError(
         f"sparse_{config.method} is not implemented yet; implemented: "
         + ", ".join(f"sparse_{m}" for m in IMPLEMENTED_METHODS)
@@ -39,6 +42,7 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
 
 
 __all__ = [
+    "CompactSelector",
     "DEVICE_DECODE_METHODS",
     "IMPLEMENTED_METHODS",
     "KascadeSelector",

@@ -21,10 +21,13 @@ class Selection:
         indices: ``int64 [rows, max_select]`` logical page numbers within the request; entries at
             or past ``counts[row]`` are padding and must be ignored.
         counts: ``int32 [rows]`` valid entries per row (0 for dense requests).
+        unions: block-union selectors (compact): ``int64 [6]`` (kept, scored) past blocks per
+            ``stats.UNION_STAGES`` stage, for the stats counters (on the device); else None.
     """
 
     indices: torch.Tensor
     counts: torch.Tensor
+    unions: torch.Tensor | None = None
 
 
 class Selector(Protocol):
