@@ -68,7 +68,18 @@ REAL_BUDGET = {
         "quoka": {"num_queries": 16},
     }
 }
-FORCED_METHODS = ("quoka", "quest", "twilight")
+FORCED_METHODS = ("quoka", "quest", "twilight", "compact")
+
+
+def forced_sparse(method: str) -> dict:
+    """FORCED_SPARSE for ``method``; Compact keeps every block with a threshold of 0 and decodes
+    dense (it refuses ``sparse_decode: true``: the method is prefill-only)."""
+    if method != "compact":
+        return FORCED_SPARSE
+    cfg = {k: v for k, v in FORCED_SPARSE["sparse_attention"].items() if k != "sparse_decode"}
+    return {"sparse_attention": {**cfg, "compact": {"block_threshold": 0.0}}}
+
+
 PERF_BUDGET = {"sparse_attention": {"budget": {"fraction": 0.125}}}  # other fields: method defaults
 
 LLAMA_8B = {
@@ -386,7 +397,7 @@ def tiny(args) -> dict:
                 "name": f"{mode}_forced_{method}",
                 "mode": mode,
                 "backend": f"sparse_{method}",
-                "additional_config": FORCED_SPARSE,
+                "additional_config": forced_sparse(method),
             }
             for method in FORCED_METHODS
         ]
