@@ -19,16 +19,31 @@ from vllm_sparse.executors.triton_paged import TritonPagedExecutor  # noqa: E402
 from vllm_sparse.layout import PageLayout  # noqa: E402
 from vllm_sparse.policy import plan_step  # noqa: E402
 from vllm_sparse.selectors import make_selector  # noqa: E402
+from vllm_sparse.selectors.base import past_page_ids  # noqa: E402
 from vllm_sparse.tables import build_page_tables  # noqa: E402
 
 HKV, D, N = 8, 128, 16
 REQS = [(1, 8000), (1024, 32768), (1, 3000), (512, 9000)]  # (query tokens, sequence tokens)
 
 
+def _plant_even_blocks(cache, table, layout, query, block_pages):
+    """Random keys make every block look alike (all kept at any threshold below ~0.9): give the keys
+    of every even block, and every query, a shared direction, so that odd blocks score far lower."""
+    v = torch.zeros(D, device=cache.device, dtype=cache.dtype)
+    v[0] = 8.0
+    pk = layout.page_keys(cache)
+    for r, (_, seq) in enumerate(REQS):
+        ids = past_page_ids(table, r, seq // N, layout)  # [Hkv, pages]
+        even = (torch.arange(seq // N, device=cache.device) // block_pages) % 2 == 0
+        pk[ids[:, even].flatten()] += v
+    query += v.to(query.dtype)
+
+
 def test_selection_tables_and_attention_without_sync():
     stats.reset()
     cache, table, layout, _, qsl, query = _batch(REQS, seed=0)  # (its cache also holds Twilight's planes)
     cfg = SparseConfig(method="compact", dense_layers=[], compact={"block_threshold": 0.5})
+    _plant_even_blocks(cache, table, layout, query, cfg.compact.pages_per_block(N))
     seqs = [s for _, s in REQS]
     plan = plan_step(cfg.for_layer(1), N, qsl, seqs)
     assert [r.sparse for r in plan.requests] == [False, True, False, True]

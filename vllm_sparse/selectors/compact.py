@@ -137,7 +137,7 @@ def request_pages(
     groups, counts = union_counts(tiles)
     keep = torch.ones(hkv, req.num_past_pages, dtype=torch.bool, device=query.device)  # diagonal block's pages
     keep[:, : nbp * bp] = groups.repeat_interleave(bp, dim=1)
-    keep[:, forced_past] = False
+    keep.index_fill_(1, forced_past, False)  # (not ``keep[:, i] = False``: its scalar is a host copy, a sync)
     return keep, counts
 
 
