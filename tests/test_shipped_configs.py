@@ -191,7 +191,12 @@ def test_engine_start_logs_the_chosen_config(model, expect, caplog, monkeypatch)
     startup._resolve_cached.cache_clear()
 
 
-KASCADE_CALIBRATED = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-8B", "Qwen/Qwen2.5-Coder-0.5B-Instruct")
+KASCADE_CALIBRATED = (
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+)
 
 
 @pytest.mark.parametrize("hub", list(MODELS))
