@@ -15,8 +15,9 @@ Tasks (``TASKS``):
 * ``vt``              variable tracking: a chain ``VAR A = 12345``, ``VAR B = VAR A``, ... in filler;
 * ``cwe``             common-words extraction: the ten words repeated most often in a long word list;
 * ``code``            a 7-digit code (any first digit) in Python source code, one of several needle wordings,
-                      asked for plainly at the end: no answer prefix, so nothing repeats the key for the model
-                      (the shape of the outside check of issue 16, not its haystack or wording).
+                      asked for plainly at the end, the answer to be the code alone: no answer prefix repeats
+                      the key, and the code's first digit is the first answer token (the shape of the outside
+                      check of issue 16, not its haystack or wording).
 
 Scoring (``score``): the share of expected strings found in the output as whole words, case-insensitive
 (RULER's "string match all"). A wrong or empty answer scores 0. ``code`` also records (``Sample.details``) the
@@ -356,6 +357,13 @@ _CODE_WORDINGS = (
     ("# {key} verification code: {code}", "What is the {key} verification code?"),
     ("Remember this: the ticket number for {key} is {code}.", "What is the ticket number for {key}?"),
 )
+# what the question asks the answer to be: the code alone, so that its first digit is the first answer token,
+# which the prompt's last position gives (a sentence first would let decode steps reach the code instead)
+_CODE_ANSWER_FORMS = (
+    " Answer with the code only.",
+    " Reply with just the number.",
+    " Give only the digits, nothing else.",
+)
 _CODE_INTROS = (
     "",
     "Below is some Python source code.\n",
@@ -381,7 +389,8 @@ def code_haystack() -> Haystack:
 
 
 def code(tokenizer, rng, target, depth, hay) -> Built:
-    """A 7-digit code (first digit 1-9) in Python source, one of several wordings, asked for plainly.
+    """A 7-digit code (first digit 1-9) in Python source, one of several wordings, asked for plainly, the
+    answer to be the code alone.
 
     The prompt ends with the chat template's assistant header: no answer prefix repeats the key.
     """
@@ -390,7 +399,7 @@ def code(tokenizer, rng, target, depth, hay) -> Built:
     value = _number(rng, set())
     needle, question = rng.choice(_CODE_WORDINGS)
     intro = rng.choice(_CODE_INTROS)
-    question = question.format(key=key)
+    question = question.format(key=key) + rng.choice(_CODE_ANSWER_FORMS)
 
     def make_prompt(text: str) -> str:
         return render(tokenizer, f"{intro}{text}\n\n{question}", "")
