@@ -274,3 +274,23 @@ def test_split_dense_tails():
     assert [r.sparse for r in plan.requests] == [True, True, False, False, False, True]
     assert plan.requests[1].seq_len == 8968 and plan.requests[2].context_len == 8968
     assert plan.requests[2].forced.tolist() == list(range(-(-9000 // 16)))  # the tail attends every page
+
+
+def test_metadata_builder_splits_dense_tails():
+    """The builder's split (``dense_tail_tokens``): the step's requests, seq lens and block-table rows, then
+    plans where the tails run dense."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm_sparse.backend.metadata import SparseAttentionMetadata, SparseMetadataBuilder
+
+    table = torch.arange(3 * 4, dtype=torch.int32).view(3, 4)
+    meta = SparseAttentionMetadata(80, [0, 40, 41, 80], [6000, 7000, 8039], table, torch.zeros(80), 16)
+    builder = SimpleNamespace(_dense_tail=16, _dense_below=4096)
+    SparseMetadataBuilder._split_dense_tails(builder, meta)
+    assert meta.query_start_loc == [0, 24, 40, 41, 64, 80]
+    assert meta.seq_lens == [5984, 6000, 7000, 8023, 8039]
+    assert meta.dense == (False, True, False, False, True)
+    assert meta.block_table.tolist() == [table[i].tolist() for i in (0, 0, 1, 2, 2)]
+    plan = meta.plan_for(policy())
+    assert [r.sparse for r in plan.requests] == [True, False, True, True, False]
