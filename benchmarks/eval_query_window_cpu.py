@@ -8,7 +8,7 @@ check. One engine per backend, the same prompts for all of them, so the report's
     python benchmarks/eval_query_window_cpu.py OUT_DIR [--tasks niah_single] [--contexts 8192 16384] [--samples 6]
 
 On a shared machine the backends can be split over two processes: ``--only LABEL ...`` runs just those
-sparse backends on the same prompts (no dense engine) into their own OUT_DIR, and ``--join MAIN_DIR EXTRA_DIR``
+backends, in that order, on the same prompts (without ``CPU_ATTN`` among them, no dense engine) into their own OUT_DIR, and ``--join MAIN_DIR EXTRA_DIR``
 adds that folder's backends to a run that has dense and writes the report again (paired differences included).
 """
 
@@ -26,14 +26,18 @@ from vllm_sparse.eval.runner import Backend, EvalConfig, EvalResult, build_sampl
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-instruct.yaml"
 
 
-def backends(config: Path, windows: list[int]) -> list[Backend]:
-    """Dense, then QuoKA and Quest at each window, then Twilight at its default window."""
+def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Backend]:
+    """Dense, then QuoKA and Quest at each window, then Twilight at its default window, then each method at
+    its default window with each ``dense_tail_tokens`` of ``tails`` (labels ``quoka_tail64``, ...)."""
     budget = yaml.safe_load(config.read_text()).get("budget", {})
     base = {"config": str(config), "budget": budget}  # budget repeated so the report shows the shipped one
     out = [Backend("CPU_ATTN", "CPU_ATTN")]
     for method in ("quoka", "quest"):
         out += [Backend(f"{method}_w{w}", f"sparse_{method}", {**base, "chunk_query_window": w}) for w in windows]
-    return [*out, Backend("twilight_default", "sparse_twilight", base)]
+    out.append(Backend("twilight_default", "sparse_twilight", base))
+    for method in ("quoka", "quest", "twilight"):
+        out += [Backend(f"{method}_tail{t}", f"sparse_{method}", {**base, "dense_tail_tokens": t}) for t in tails]
+    return out
 
 
 def run_sparse_only(config: EvalConfig) -> None:
@@ -84,11 +88,16 @@ if __name__ == "__main__":
     p.add_argument("--samples", type=int, default=6)
     p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--windows", nargs="+", type=int, default=[0, 64])
-    p.add_argument("--only", nargs="+", default=None, help="sparse backend labels to run alone (no dense)")
+    p.add_argument("--tails", nargs="+", type=int, default=[], help="dense_tail_tokens variants (METHOD_tailN)")
+    p.add_argument(
+        "--only", nargs="+", default=None,
+        help="backend labels to run, in this order (without CPU_ATTN: sparse ones alone, no dense)",
+    )  # fmt: skip
     args = p.parse_args()
-    chosen = backends(args.config, args.windows)
+    chosen = backends(args.config, args.windows, args.tails)
     if args.only:
-        chosen = [b for b in chosen if b.label in args.only]
+        by_label = {b.label: b for b in chosen}
+        chosen = [by_label[label] for label in args.only]  # in the order given
     config = EvalConfig(
         model="qwen2.5-coder-0.5b-instruct",
         tasks=tuple(args.tasks),
@@ -102,4 +111,5 @@ if __name__ == "__main__":
         progress=False,
         command="python " + " ".join(shlex.quote(a) for a in sys.argv),
     )
-    (run_sparse_only if args.only else run_eval)(config)
+    with_dense = any(not b.is_sparse for b in chosen)
+    (run_eval if with_dense else run_sparse_only)(config)

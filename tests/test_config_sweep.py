@@ -28,6 +28,7 @@ BAD: dict[str, tuple[object, object]] = {
     "sparse_decode": ("yes", NO_RANGE),
     "sparse_prefill": (1, NO_RANGE),
     "chunk_query_window": ([64], -1),
+    "dense_tail_tokens": ("64", -1),
     "executor": (1, "triton"),
     "force_sparse": ("on", NO_RANGE),
     "quoka.num_queries": (64.5, 0),

@@ -88,3 +88,41 @@ def test_consecutive_layers_with_different_row_lengths(group):
         assert not got.isnan().any(), layer
         torch.testing.assert_close(got, want, **TOL[torch.float32])
     assert not torch.equal(lengths[0], lengths[1])  # the layers really differed
+
+
+@pytest.mark.parametrize("executor", ["cpu", "reference"])
+def test_dense_tail_queries_attend_every_page(executor):
+    """``dense_tail_tokens``: a chunk split by ``split_dense_tails`` runs its last queries dense (equal to
+    a dense plan's output for them) and its other queries as the unsplit sparse chunk does."""
+    from vllm_sparse.policy import split_dense_tails
+
+    hkv, n, d, group, tail = 2, 32, 64, 4, 24
+    reqs = [(1, 283), (45, 397), (20, 650)]  # a decode, a chunk longer than the tail, one shorter
+    seq_lens = [s for _, s in reqs]
+    qsl = query_start_loc([q for q, _ in reqs])
+    batch = make_paged_batch(seq_lens, hkv, n, d, order="planes", meta_slots=0, dtype=torch.float32, seed=5)
+    layout = PageLayout.of(batch.kv_cache, hkv, "planes")
+    query = randn(qsl[-1], hkv * group, d, g=gen(6), dtype=torch.float32)
+    keys, values = layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache)
+    run = CpuAttnExecutor() if executor == "cpu" else reference_executor
+
+    def attend(policy, qsl, seq_lens, block_table, dense=()):
+        plan = plan_step(policy, n, qsl, seq_lens, dense=dense)
+        tables = build_page_tables(plan, empty_selection(plan, hkv, torch.device("cpu")), block_table, layout)
+        out = torch.full_like(query, float("nan"))
+        run(query, keys, values, tables, plan, 1 / math.sqrt(d), out)
+        assert not out.isnan().any()
+        return plan, out
+
+    split = split_dense_tails(qsl, seq_lens, tail)
+    assert split.rows == [0, 1, 1, 2] and split.dense == (False, False, True, True)
+    assert split.query_start_loc == [0, 1, 46 - tail, 46, 66] and split.seq_lens == [283, 397 - tail, 397, 650]
+    plan, got = attend(SPARSE, split.query_start_loc, split.seq_lens, batch.block_table[split.rows], split.dense)
+    assert [r.sparse for r in plan.requests] == [True, True, False, False]
+    _, sparse = attend(SPARSE, qsl, seq_lens, batch.block_table)
+    _, dense = attend(DENSE, qsl, seq_lens, batch.block_table)
+    assert not torch.allclose(sparse, dense, **TOL[torch.float32])  # the sparse plan really skipped pages
+    tails = [*range(46 - tail, 46), *range(46, 66)]
+    heads = [i for i in range(qsl[-1]) if i not in tails]
+    torch.testing.assert_close(got[tails], dense[tails], **TOL[torch.float32])
+    torch.testing.assert_close(got[heads], sparse[heads], **TOL[torch.float32])

@@ -7,6 +7,7 @@ sparse_quoka, and checks that every output file exists and names both backends.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -70,6 +71,40 @@ def test_multi_needle_answer_keys(tokenizer):
     assert order == sorted(order)  # the chain is in assignment order
     cwe = tasks.make_samples(tokenizer, "cwe", CONTEXT, 1)[0]
     assert len(cwe.expected) == 10 and cwe.depth is None
+
+
+def test_code_task_asks_plainly_for_a_code_in_source(tokenizer):
+    samples = tasks.make_samples(tokenizer, "code", 2048, 12, depths=(0.1, 0.5, 0.9), seed=3)
+    assert len({s.prompt_hash for s in samples}) == 12
+    assert {s.haystack for s in samples} == {tasks.code_haystack().source}
+    assert tasks.code_haystack().source.startswith("stdlib-")
+    codes = [s.expected[0] for s in samples]
+    assert all(len(c) == 7 and c.isdigit() for c in codes)
+    assert len({c[0] for c in codes}) >= 4  # varied first digits, not always the same head
+    assert len({s.meta["question"].replace(s.meta["key"], "") for s in samples}) >= 3  # several wordings
+    for s in samples:
+        assert s.prompt.count(s.expected[0]) == 1
+        assert "def " in s.prompt or "class " in s.prompt or "import " in s.prompt  # a code haystack
+        assert "magic number" not in s.prompt
+        # the question ends the user turn and nothing follows the assistant header: no answer prefix
+        assert s.prompt.endswith(tokenizer.apply_chat_template(
+            [{"role": "user", "content": s.meta["question"]}], add_generation_prompt=True, tokenize=False
+        )[-40:])  # fmt: skip
+        assert s.meta["question"] in s.prompt[-len(s.meta["question"]) - 60 :]
+    rel = [s.prompt.index(s.expected[0]) / len(s.prompt) for s in samples]
+    assert rel[0] < 0.3 and 0.3 < rel[1] < 0.7 and rel[2] > 0.7
+
+
+def test_code_task_records_head_and_tail_digits(tokenizer):
+    s = tasks.make_samples(tokenizer, "code", 1024, 1, seed=0)[0]
+    s = dataclasses.replace(s, expected=("8812311",))
+    assert s.details(" The code is 8812311.") == {"answer": "8812311", "head_digits": 7, "tail_digits": 7}
+    assert s.score(" The code is 8812311.") == 1.0
+    # the outside check's failure: the head is lost, the tail kept
+    assert s.details("1212311") == {"answer": "1212311", "head_digits": 0, "tail_digits": 5}
+    assert s.score("1212311") == 0.0
+    assert s.details("I do not know.") == {"answer": "", "head_digits": 0, "tail_digits": 0}
+    assert tasks.make_samples(tokenizer, "niah_single", 1024, 1)[0].details("1234567") == {}
 
 
 def test_scorers_can_fail():

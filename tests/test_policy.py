@@ -255,3 +255,42 @@ def test_sparse_decode_off_makes_decode_dense_but_not_chunks():
     assert chunk.sparse and chunk.num_pages < chunk.total_pages
     on = plan_request(LayerPolicy(False, pol.budget, 16, 64, 0), 16, 0, 1, 5000)
     assert on.sparse
+
+
+def test_split_dense_tails():
+    from vllm_sparse.policy import split_dense_tails
+
+    # decode, a chunk longer than the tail, a chunk of at most the tail, a first chunk, a short context
+    qsl, seqs = [0, 1, 101, 131, 231, 281], [5000, 9000, 9030, 100, 1049]
+    s = split_dense_tails(qsl, seqs, 32, min_context=1000)
+    assert s.query_start_loc == [0, 1, 69, 101, 131, 231, 281]
+    assert s.seq_lens == [5000, 8968, 9000, 9030, 100, 1049]
+    assert s.rows == [0, 1, 1, 2, 3, 4]
+    assert s.dense == (False, False, True, True, False, False)
+    assert split_dense_tails(qsl, seqs, 0) is None
+    assert split_dense_tails([0, 1, 2], [5000, 6000], 32) is None  # decodes only
+    p = policy(dense_below=0)
+    plan = plan_step(p, 16, s.query_start_loc, s.seq_lens, dense=s.dense)
+    assert [r.sparse for r in plan.requests] == [True, True, False, False, False, True]
+    assert plan.requests[1].seq_len == 8968 and plan.requests[2].context_len == 8968
+    assert plan.requests[2].forced.tolist() == list(range(-(-9000 // 16)))  # the tail attends every page
+
+
+def test_metadata_builder_splits_dense_tails():
+    """The builder's split (``dense_tail_tokens``): the step's requests, seq lens and block-table rows, then
+    plans where the tails run dense."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm_sparse.backend.metadata import SparseAttentionMetadata, SparseMetadataBuilder
+
+    table = torch.arange(3 * 4, dtype=torch.int32).view(3, 4)
+    meta = SparseAttentionMetadata(80, [0, 40, 41, 80], [6000, 7000, 8039], table, torch.zeros(80), 16)
+    builder = SimpleNamespace(_dense_tail=16, _dense_below=4096)
+    SparseMetadataBuilder._split_dense_tails(builder, meta)
+    assert meta.query_start_loc == [0, 24, 40, 41, 64, 80]
+    assert meta.seq_lens == [5984, 6000, 7000, 8023, 8039]
+    assert meta.dense == (False, True, False, False, True)
+    assert meta.block_table.tolist() == [table[i].tolist() for i in (0, 0, 1, 2, 2)]
+    plan = meta.plan_for(policy())
+    assert [r.sparse for r in plan.requests] == [True, False, True, True, False]

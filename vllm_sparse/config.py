@@ -266,6 +266,12 @@ class SparseConfig(_Strict):
     # whose last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and
     # 16K, benchmarks/results/eval_qwen0.5b_cpu_query_window/), 0 for the others.
     chunk_query_window: Int | None = Field(None, ge=0)
+    # The last ``dense_tail_tokens`` queries of every sparse prefill chunk attend every page (dense); the
+    # rest of the chunk runs sparse. The prompt's last chunk ends with the question and the chat template's
+    # assistant header, whose last position gives the first answer token: a page its selection misses
+    # (the head of a code) is then never seen by that token. A chunk of at most this many queries runs
+    # dense. 0: off.
+    dense_tail_tokens: Int = Field(0, ge=0)
     executor: Literal["auto", "reference"] = "auto"  # auto: the platform's fast executor where it applies
     # A test and diagnostic switch: rows whose budget covers the context still run the whole sparse
     # path (selection, tables, sparse executor; every page is then selected) instead of the dense

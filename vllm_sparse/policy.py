@@ -16,7 +16,7 @@ Logical pages of a request are numbered from its first token: page ``p`` holds p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,9 +102,11 @@ def plan_request(
     query_len: int,
     seq_len: int,
     sparse_pays: SparsePays | None = None,
+    force_dense: bool = False,
 ) -> RequestPlan:
     """Plan one request. A prefill chunk (``query_len > 1``) of a policy with
-    ``sparse_prefill=None`` runs sparse only where ``sparse_pays`` says so (when given)."""
+    ``sparse_prefill=None`` runs sparse only where ``sparse_pays`` says so (when given);
+    ``force_dense``: dense whatever the policy (a dense tail, ``split_dense_tails``)."""
     n = page_size
     ctx = seq_len - query_len
     total_pages = cdiv(seq_len, n)
@@ -122,7 +124,8 @@ def plan_request(
         num_select = selectable
     covered = selectable == 0 if policy.select_all else (budget_tokens >= ctx or num_select >= selectable)
     dense = (
-        policy.dense
+        force_dense
+        or policy.dense
         or (query_len == 1 and not policy.sparse_decode)
         or ctx == 0
         or ctx < policy.dense_below_tokens
@@ -157,6 +160,7 @@ def plan_step(
     query_start_loc: list[int],
     seq_lens: list[int],
     sparse_pays: SparsePays | None = None,
+    dense: Sequence[bool] = (),
 ) -> StepPlan:
     """Plan every request of a step.
 
@@ -164,14 +168,67 @@ def plan_step(
         query_start_loc: ``[B + 1]`` token offsets of each request's queries (host).
         seq_lens: ``[B]`` context + query tokens of each request (host).
         sparse_pays: the prefill cost decision (``plan_request``); None: thresholds only.
+        dense: per request, True where it runs dense whatever the policy (``split_dense_tails``);
+            empty: none.
     """
     reqs = tuple(
         plan_request(
-            policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s, sparse_pays
+            policy, page_size, query_start_loc[i], query_start_loc[i + 1] - query_start_loc[i], s, sparse_pays,
+            force_dense=bool(dense) and dense[i],
         )
         for i, s in enumerate(seq_lens)
-    )
+    )  # fmt: skip
     return StepPlan(page_size, reqs, policy)
+
+
+@dataclass(frozen=True)
+class DenseTails:
+    """A step's prefill requests with each chunk's last queries split off as a request of their own.
+
+    Attributes:
+        query_start_loc: ``[B' + 1]`` query offsets of the requests after the split.
+        seq_lens: ``[B']`` their context + query tokens.
+        rows: ``[B']`` the original request (block-table row) of each.
+        dense: ``[B']`` True for the dense tails.
+    """
+
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    rows: list[int]
+    dense: tuple[bool, ...]
+
+
+def split_dense_tails(query_start_loc: Sequence[int], seq_lens: Sequence[int], tail: int,
+                      min_context: int = 0) -> DenseTails | None:  # fmt: skip
+    """Give the last ``tail`` queries of each prefill chunk (query length > 1) a dense request of their own.
+
+    A chunk with more than ``tail`` queries becomes two requests on the same block-table row: its first
+    queries (whose context ends where the tail starts) and its last ``tail`` queries, marked dense; a
+    chunk of at most ``tail`` queries is marked dense whole. Chunks with fewer than ``min_context`` past
+    tokens (they run dense anyway) and decodes are left alone. Returns None when nothing changes.
+    """
+    qsl, seqs, rows, dense = [query_start_loc[0]], [], [], []
+    for i, seq in enumerate(seq_lens):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        q = end - start
+        if tail > 0 and q > 1 and seq - q >= max(min_context, 1):
+            if q > tail:
+                qsl.append(end - tail)
+                seqs.append(seq - tail)
+                rows.append(i)
+                dense.append(False)
+            qsl.append(end)
+            seqs.append(seq)
+            rows.append(i)
+            dense.append(True)
+        else:
+            qsl.append(end)
+            seqs.append(seq)
+            rows.append(i)
+            dense.append(False)
+    if not any(dense):
+        return None
+    return DenseTails(qsl, seqs, rows, tuple(dense))
 
 
 # ---------------------------------------------------------------------------------------------

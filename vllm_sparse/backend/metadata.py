@@ -42,7 +42,7 @@ from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.cost import decode_break_even_tokens, prefill_cost
 from vllm_sparse.decode_step import DecodeColumns, DecodeStep
-from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, SparsePays, StepPlan, plan_step
+from vllm_sparse.policy import HEAD, SELECT, TAIL, TOTAL, SparsePays, StepPlan, plan_step, split_dense_tails
 from vllm_sparse.selectors import DEVICE_DECODE_METHODS
 from vllm_sparse.step_state import AnchorScores
 
@@ -75,6 +75,7 @@ class SparseAttentionMetadata:
     dense_rows: DenseRows | None = None
     sparse_pays: SparsePays | None = None  # the prefill cost decision (``vllm_sparse.cost``)
     anchor: AnchorScores = field(default_factory=AnchorScores, repr=False)  # Kascade, every plan's state
+    dense: tuple[bool, ...] = ()  # per request, True where it runs dense whatever the policy (dense tails)
     _plans: dict[LayerPolicy, StepPlan] = field(default_factory=dict, repr=False)
 
     @property
@@ -87,7 +88,7 @@ class SparseAttentionMetadata:
         plan = self._plans.get(policy)
         if plan is None:
             plan = self._plans[policy] = plan_step(
-                policy, self.page_size, self.query_start_loc, self.seq_lens, self.sparse_pays
+                policy, self.page_size, self.query_start_loc, self.seq_lens, self.sparse_pays, self.dense
             )
             plan.state.anchor = self.anchor  # one anchor buffer for the layers of every policy
         return plan
@@ -145,6 +146,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         self._layer_policies = Counter(policy for _, _, policy in impls)  # policy -> layers
         self._num_kv_heads = impls[0][1].num_kv_heads if impls else kv_cache_spec.num_kv_heads
         self._sparse_pays = None
+        config = impls[0][1].config if impls else None
+        self._dense_tail = config.dense_tail_tokens if config is not None else 0
+        self._dense_below = config.dense_below_tokens if config is not None else 0
         min_sparse_decode = 0  # past tokens a step's decode rows need before their selection pays
         if impls and not current_platform.is_cpu() and torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(device)
@@ -237,6 +241,8 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 max_query_len=int(q_lens.max()),
                 max_seq_len=int(seq_cpu[nd:b].max()),
             )
+        if meta.has_prefill and self._dense_tail:
+            self._split_dense_tails(meta)
         if meta.has_prefill:
             for w in self._work:  # plan once per step, here, for every layer of the group (into plan.state)
                 plan = meta.plan_for(w.policy)
@@ -245,6 +251,17 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                         plan, w.num_kv_heads, w.group, w.head_size, w.q_dtype, w.kv_dtype, w.scale, self.device
                     )
         return meta
+
+    def _split_dense_tails(self, meta: SparseAttentionMetadata) -> None:
+        """Each sparse prefill chunk's last ``dense_tail_tokens`` queries as a dense request of their own,
+        on a copy of the chunk's block-table row (``policy.split_dense_tails``)."""
+        split = split_dense_tails(meta.query_start_loc, meta.seq_lens, self._dense_tail, self._dense_below)
+        if split is None:
+            return
+        meta.query_start_loc, meta.seq_lens, meta.dense = split.query_start_loc, split.seq_lens, split.dense
+        if len(split.rows) != meta.block_table.shape[0]:
+            rows = torch.tensor(split.rows, dtype=torch.long).to(meta.block_table.device, non_blocking=True)
+            meta.block_table = meta.block_table.index_select(0, rows)
 
     def _count_decode(self, decode: DecodeStep) -> None:
         """Page counters of the decode rows (the decode forward may replay from a CUDA graph, where

@@ -226,6 +226,7 @@ def run_backend(model_path: str, backend: Backend, samples: Sequence[Sample], to
             "budget": backend.budget, "task": s.task, "context": s.context, "index": s.index,
             "depth": s.depth, "seed": s.seed, "prompt_hash": s.prompt_hash, "prompt_tokens": s.prompt_tokens,
             "haystack": s.haystack, "expected": list(s.expected), "output": text, "score": s.score(text),
+            **({"details": d} if (d := s.details(text)) else {}),
         })  # fmt: skip
     counters = read_stats(str(stats_path)) if backend.is_sparse else {}
     return BackendRun(backend, records, round(start_s, 1), round(generate_s, 1), counters)

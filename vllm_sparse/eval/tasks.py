@@ -13,10 +13,16 @@ Tasks (``TASKS``):
 * ``niah_multiquery`` four needles with different keys; two of them are asked for;
 * ``passkey``         the passkey of ``eval/passkey.py`` in repeated filler;
 * ``vt``              variable tracking: a chain ``VAR A = 12345``, ``VAR B = VAR A``, ... in filler;
-* ``cwe``             common-words extraction: the ten words repeated most often in a long word list.
+* ``cwe``             common-words extraction: the ten words repeated most often in a long word list;
+* ``code``            a 7-digit code (any first digit) in Python source code, one of several needle wordings,
+                      asked for plainly at the end, the answer to be the code alone: no answer prefix repeats
+                      the key, and the code's first digit is the first answer token (the shape of the outside
+                      check of issue 16, not its haystack or wording).
 
 Scoring (``score``): the share of expected strings found in the output as whole words, case-insensitive
-(RULER's "string match all"). A wrong or empty answer scores 0.
+(RULER's "string match all"). A wrong or empty answer scores 0. ``code`` also records (``Sample.details``) the
+number the model gave and how many of its leading and trailing digits match the code, so that an answer that
+keeps the code's tail and loses its head shows as such.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from vllm_sparse.eval.haystack import Haystack, load_haystack
 from vllm_sparse.eval.passkey import FILLER, make_passkey_sample
@@ -84,6 +94,11 @@ class Sample:
     def score(self, output: str) -> float:
         return score(self.expected, output)
 
+    def details(self, output: str) -> dict:
+        """Task-specific facts about an answer beyond its score (empty for most tasks)."""
+        spec = TASKS.get(self.task)
+        return spec.details(self, output) if spec is not None and spec.details is not None else {}
+
 
 # --------------------------------------------------------------------------- scoring
 
@@ -131,13 +146,13 @@ def _sentence_tokens(tokenizer, pool: Sequence[str], name: str) -> list[int]:
     return _token_counts[key]
 
 
-def _insert(sentences: list[str], needles: Sequence[tuple[float, str]]) -> str:
-    """Join ``sentences`` with each needle inserted at its depth; needles at equal depth keep their order."""
+def _insert(sentences: list[str], needles: Sequence[tuple[float, str]], sep: str = " ") -> str:
+    """Join ``sentences`` with ``sep``, each needle inserted at its depth; needles at equal depth keep their order."""
     items = list(sentences)
     placed = [(round(d * len(sentences)), i, text) for i, (d, text) in enumerate(needles)]
     for pos, _, text in sorted(placed, reverse=True):
         items.insert(pos, text)
-    return " ".join(items)
+    return sep.join(items)
 
 
 def _fit_haystack(
@@ -148,10 +163,12 @@ def _fit_haystack(
     needles: Sequence[tuple[float, str]],
     make_prompt: Callable[[str], str],
     target: int,
+    sep: str = " ",
 ) -> tuple[str, int]:
-    """The longest prompt of at most ``target`` tokens: pool sentences from a random start, needles inside."""
+    """The longest prompt of at most ``target`` tokens: pool sentences (joined by ``sep``) from a random start,
+    needles inside."""
     counts = _sentence_tokens(tokenizer, pool, pool_name)
-    overhead = count_tokens(tokenizer, make_prompt(_insert([], needles)))
+    overhead = count_tokens(tokenizer, make_prompt(_insert([], needles, sep)))
     if overhead > target:
         raise ValueError(f"a context of {target} prompt tokens cannot hold the task's own text ({overhead} tokens)")
     start = rng.randrange(len(pool))
@@ -164,7 +181,7 @@ def _fit_haystack(
         chosen.append(pool[i])
         total += counts[i]
     while True:
-        prompt = make_prompt(_insert(chosen, needles))
+        prompt = make_prompt(_insert(chosen, needles, sep))
         n = count_tokens(tokenizer, prompt)
         if n <= target or not chosen:
             return prompt, n
@@ -325,13 +342,102 @@ def cwe(tokenizer, rng, target, depth, hay, common: int = 10, freq_common: int =
     return Built(prompt, count_tokens(tokenizer, prompt), tuple(top), hay.source, meta)
 
 
+#: Python standard-library modules whose source is the ``code`` haystack (none of them is in the Kascade
+#: calibration set of ``calibration/run.py``); a module the running Python lacks is skipped
+CODE_HAYSTACK_FILES = (
+    "dataclasses.py", "enum.py", "functools.py", "inspect.py", "subprocess.py", "tarfile.py", "typing.py",
+    "configparser.py", "statistics.py", "ipaddress.py", "optparse.py", "pprint.py",
+)  # fmt: skip
+
+# (needle, question) wordings of the ``code`` task: comments and prose, none with "magic number"
+_CODE_WORDINGS = (
+    ("# The access code for the {key} server is {code}.", "What is the access code for the {key} server?"),
+    ("# NOTE: the deployment PIN of {key} is {code}, do not lose it.", "What is the deployment PIN of {key}?"),
+    ("The {key} vault opens with the combination {code}.", "Which combination opens the {key} vault?"),
+    ("# {key} verification code: {code}", "What is the {key} verification code?"),
+    ("Remember this: the ticket number for {key} is {code}.", "What is the ticket number for {key}?"),
+)
+# what the question asks the answer to be: the code alone, so that its first digit is the first answer token,
+# which the prompt's last position gives (a sentence first would let decode steps reach the code instead)
+_CODE_ANSWER_FORMS = (
+    " Answer with the code only.",
+    " Reply with just the number.",
+    " Give only the digits, nothing else.",
+)
+_CODE_INTROS = (
+    "",
+    "Below is some Python source code.\n",
+    "Read the following file carefully; a question about it follows.\n",
+)
+
+
+@lru_cache(maxsize=1)
+def code_haystack() -> Haystack:
+    """Non-blank lines of :data:`CODE_HAYSTACK_FILES` from this Python's standard library, file after file
+    (source ``stdlib-<major>.<minor>``: another Python version gives other prompts)."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    lines = [
+        line.rstrip()
+        for name in CODE_HAYSTACK_FILES
+        if (lib / name).is_file()
+        for line in (lib / name).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    if len(lines) < 2000:
+        raise ValueError(f"the code haystack needs the standard library's source; found {len(lines)} lines in {lib}")
+    return Haystack(tuple(lines), f"stdlib-{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def code(tokenizer, rng, target, depth, hay) -> Built:
+    """A 7-digit code (first digit 1-9) in Python source, one of several wordings, asked for plainly, the
+    answer to be the code alone.
+
+    The prompt ends with the chat template's assistant header: no answer prefix repeats the key.
+    """
+    hay = code_haystack()
+    key = _key(rng, set())
+    value = _number(rng, set())
+    needle, question = rng.choice(_CODE_WORDINGS)
+    intro = rng.choice(_CODE_INTROS)
+    question = question.format(key=key) + rng.choice(_CODE_ANSWER_FORMS)
+
+    def make_prompt(text: str) -> str:
+        return render(tokenizer, f"{intro}{text}\n\n{question}", "")
+
+    needles = [(depth, needle.format(key=key, code=value))]
+    prompt, n = _fit_haystack(tokenizer, rng, hay.sentences, hay.source, needles, make_prompt, target, sep="\n")
+    return Built(prompt, n, (value,), hay.source, {"key": key, "question": question})
+
+
+def _matching_digits(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def code_details(sample: Sample, output: str) -> dict:
+    """The number the answer gives (its first run of 3 or more digits, ``""`` if none) and how many of its
+    leading (``head_digits``) and trailing (``tail_digits``) digits equal the code's."""
+    want = sample.expected[0]
+    found = re.search(r"\d{3,}", output)
+    got = found.group(0) if found else ""
+    return {
+        "answer": got,
+        "head_digits": _matching_digits(got, want),
+        "tail_digits": _matching_digits(got[::-1], want[::-1]),
+    }
+
+
 @dataclass(frozen=True)
 class TaskSpec:
-    """A task: its builder, how many tokens an answer needs, and whether it uses the depth."""
+    """A task: its builder, how many tokens an answer needs, whether it uses the depth, and what it records
+    about an answer beyond the score (``details(sample, output) -> dict``)."""
 
     build: Callable[..., Built]
     max_tokens: int
     uses_depth: bool = True
+    details: Callable[[Sample, str], dict] | None = None
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -342,6 +448,7 @@ TASKS: dict[str, TaskSpec] = {
     "passkey": TaskSpec(passkey, 16),
     "vt": TaskSpec(vt, 48),
     "cwe": TaskSpec(cwe, 96, uses_depth=False),
+    "code": TaskSpec(code, 32, details=code_details),
 }
 
 
