@@ -113,9 +113,11 @@ def test_full_budget_runs_dense_and_real_budget_skips_pages(results, mode):
 
 
 def _our_kernels() -> set[str]:
-    """Names of every Triton kernel in vllm_sparse."""
+    """Names of every Triton kernel in vllm_sparse: the functions under ``@triton.jit`` (any name,
+    ``block_stats_kernel`` as well as ``_attn_kernel``)."""
     src = Path(__file__).resolve().parents[2] / "vllm_sparse"
-    return {m for f in src.rglob("*.py") for m in re.findall(r"^def (_\w+)\(", f.read_text(), re.M)}
+    jit = re.compile(r"^@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+)\(", re.M)
+    return {m for f in src.rglob("*.py") for m in jit.findall(f.read_text())}
 
 
 def test_no_sparse_kernel_compiles_while_serving(results):

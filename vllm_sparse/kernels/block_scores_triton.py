@@ -4,7 +4,8 @@
 A program takes one tile of ``TILE`` query rows of one query head and ``BLOCK_J`` blocks: the
 ``[TILE, BLOCK_J]`` products against the blocks' mean keys (float32), the causal rule (a row sees
 a block whose last token is at or before it), then per block the max over the rows and the sum of
-``exp(s - max)``, written to ``m`` and ``s`` (``[Hq, T, nb]``).
+``exp(s - max)``, written to ``m`` and ``s`` (``[Hq, T, nb]``). Arguments that vary with the step are not specialised (one compiled variant,
+warmed at engine start: ``vllm_sparse.warmup``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_blocks", "first_pos", "stride_qc", "stride_mh", "stride_mt"])
 def block_stats_kernel(q_ptr, k_ptr, m_ptr, s_ptr, num_queries, num_blocks, first_pos, block_tokens, scale,
                        stride_qc, stride_qh, stride_qd, stride_kh, stride_kj, stride_mh, stride_mt,
                        G: tl.constexpr, TILE: tl.constexpr, BLOCK_J: tl.constexpr, D: tl.constexpr):  # fmt: skip
