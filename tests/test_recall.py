@@ -3,6 +3,7 @@ capture on the tiny random-weight model: no download, a few seconds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -48,7 +49,7 @@ def test_dense_mass_sums_to_one_per_query_head():
     torch.testing.assert_close(one.past.reshape(HQ, 10), w[:, :160].reshape(HQ, 10, N).sum(-1))
 
 
-@pytest.mark.parametrize("method", ["quest", "quoka", "twilight"])
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact"])
 @pytest.mark.parametrize("queries", [1, 48])
 def test_oracle_bounds_every_selector(method, queries):
     seq = 1000
@@ -60,7 +61,7 @@ def test_oracle_bounds_every_selector(method, queries):
     forced = set(choice.forced_past.tolist())
     for sel in choice.selected:
         assert not forced & set(sel.tolist()) and len(set(sel.tolist())) == sel.numel()
-    if method != "twilight":
+    if method in ("quest", "quoka"):
         assert counts == [choice.plan.num_select] * HKV
     mass = dense_page_mass(q, k, choice.plan.num_past_pages, N, SCALE)
     got = covered(mass, choice.forced_past, choice.selected)
@@ -69,16 +70,52 @@ def test_oracle_bounds_every_selector(method, queries):
     assert 0.0 < got.min() and got.max() <= 1.0 + 1e-6
 
 
-@pytest.mark.parametrize("method", ["quest", "quoka", "twilight"])
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact"])
 def test_full_budget_covers_everything(method):
     q, k = _qk(800, 16)
     full = {"budget": {"fraction": 1.0, "min_tokens": 0, "max_tokens": None},
-            "twilight": {"top_p": 1.0, "candidate_fraction": 1.0}}  # fmt: skip
+            "twilight": {"top_p": 1.0, "candidate_fraction": 1.0}, "compact": {"block_threshold": 0.0}}  # fmt: skip
     for fields in (full, {**full, "force_sparse": True}):  # dense shortcut, then the selection path
         choice = select(_config(method, **fields), 2, q, k, N, SCALE)
-        assert choice.plan.sparse == bool(fields.get("force_sparse"))
+        assert choice.plan.sparse == (bool(fields.get("force_sparse")) or method == "compact")  # compact: no budget
         mass = dense_page_mass(q, k, choice.plan.num_past_pages, N, SCALE)
         torch.testing.assert_close(covered(mass, choice.forced_past, choice.selected), torch.ones(HKV, HQ // HKV))
+
+
+@pytest.mark.parametrize("seq,queries", [(1200, 100), (1210, 100), (1000, 1)])
+def test_compact_pages_are_the_engine_selectors(seq, queries):
+    """The measure's compact pages are ``CompactSelector``'s row for the same keys (paged in a
+    shuffled cache) and queries, with two blocks per KV head planted so that the threshold drops the
+    others (the test can fail)."""
+    from helpers import make_paged_batch
+
+    from vllm_sparse.layout import PageLayout
+    from vllm_sparse.policy import plan_step
+    from vllm_sparse.selectors import make_selector
+
+    config = _config("compact", compact={"block_threshold": 0.3, "block_pages": 2, "tile": 32})
+    b = make_paged_batch([seq], HKV, N, D, seed=seq)
+    layout = PageLayout.of(b.kv_cache, HKV, b.order)
+    g = torch.Generator().manual_seed(seq)
+    q = torch.randn(queries, HQ, D, generator=g)
+    direction = torch.nn.functional.normalize(torch.randn(HKV, D, generator=g), dim=1)
+    cache_keys = layout.keys(b.kv_cache)
+    for h, blocks in {0: (3, 11), 1: (6, 20)}.items():  # blocks of 2 pages
+        for p in (p for blk in blocks for p in (2 * blk, 2 * blk + 1)):
+            cache_keys[int(b.block_table[0, p]), h] += 8 * direction[h]
+            b.keys[0][p * N : (p + 1) * N, h] += 8 * direction[h]
+        q[:, h * (HQ // HKV) : (h + 1) * (HQ // HKV)] += 4 * direction[h]
+    keys = b.keys[0]  # [S, Hkv, D]
+    choice = select(config, 1, q, keys, N, SCALE)
+    policy = dataclasses.replace(config.for_layer(1), sparse_decode=True)  # as the measure plans every step
+    plan = plan_step(policy, N, [0, queries], [seq])
+    sel = make_selector(config, SCALE)(q, layout.page_keys(b.kv_cache), b.block_table, layout, plan)
+    dropped = 0
+    for h in range(HKV):
+        row = sel.indices[h, : int(sel.counts[h])]
+        assert row.tolist() == sorted(choice.selected[h].tolist()), h
+        dropped += choice.plan.num_past_pages - choice.forced_past.numel() - row.numel()
+    assert dropped > 0
 
 
 def test_needle_coverage():
