@@ -27,7 +27,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-
 
 
 def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Backend]:
-    """Dense, then QuoKA and Quest at each window, then Twilight at its default window, then each method at
+    """Dense, then QuoKA and Quest at each window, then Twilight and compact at their defaults, then each method at
     its default window with each ``dense_tail_tokens`` of ``tails`` (labels ``quoka_tail64``, ...)."""
     budget = yaml.safe_load(config.read_text()).get("budget", {})
     base = {"config": str(config), "budget": budget}  # budget repeated so the report shows the shipped one
@@ -35,6 +35,7 @@ def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Ba
     for method in ("quoka", "quest"):
         out += [Backend(f"{method}_w{w}", f"sparse_{method}", {**base, "chunk_query_window": w}) for w in windows]
     out.append(Backend("twilight_default", "sparse_twilight", base))
+    out.append(Backend("compact_default", "sparse_compact", base))  # no budget: its alpha decides
     for method in ("quoka", "quest", "twilight"):
         out += [Backend(f"{method}_tail{t}", f"sparse_{method}", {**base, "dense_tail_tokens": t}) for t in tails]
     return out
