@@ -341,6 +341,8 @@ def engine_results(tiny_llama, run_engines):
 def test_engine_real_threshold_skips_pages_and_completes(engine_results):
     s = check_real_completes_sparse(engine_results, GEN_TOKENS)
     assert s["attended_pages"] < 0.9 * s["dense_pages"], s  # exact on CPU (decodes dense: every page)
+    # prefill rows counted from the tables too (the plan of a method with no budget attends everything)
+    assert s["prefill_attended_pages"] < 0.9 * s["prefill_dense_pages"], s
     unions = s["block_unions"]
     assert set(unions) == {"1", "2", "3"}, unions  # layer 0 is dense
     for layer in unions.values():

@@ -80,6 +80,11 @@ def test_page_tables_brute_force(n, hkv, meta_slots):
             if not req.sparse:
                 assert logical == list(range(req.total_pages))
     assert pt.attended_pages == total_attended
+    flags = [r % 2 == 0 for r in range(len(plan.requests))]
+    want = sum(int(pt.counts[r * hkv + kh]) for r in range(len(flags)) if flags[r] for kh in range(hkv))
+    assert pt.attended_pages_of(flags) == want > 0
+    assert pt.attended_pages_of([False] * len(flags)) == 0
+    assert pt.attended_pages_of([True] * len(flags)) == total_attended
 
 
 def test_step_part_is_built_once_per_step():

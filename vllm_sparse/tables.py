@@ -42,6 +42,15 @@ class PageTables:
     def attended_pages(self) -> int:
         return int(self.counts.sum())
 
+    def attended_pages_of(self, requests: list[bool]) -> int:
+        """Pages attended by the rows of the flagged requests (one flag per request; rows
+        request-major, the same number per request)."""
+        if not any(requests):
+            return 0
+        per_request = self.counts.numel() // len(requests)
+        flags = torch.tensor(requests, dtype=torch.bool, device=self.counts.device)
+        return int(self.counts[flags.repeat_interleave(per_request)].sum())
+
 
 @dataclass(frozen=True)
 class StepRows:
