@@ -211,21 +211,16 @@ def split_dense_tails(query_start_loc: Sequence[int], seq_lens: Sequence[int], t
     for i, seq in enumerate(seq_lens):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         q = end - start
-        if tail > 0 and q > 1 and seq - q >= max(min_context, 1):
-            if q > tail:
-                qsl.append(end - tail)
-                seqs.append(seq - tail)
-                rows.append(i)
-                dense.append(False)
-            qsl.append(end)
-            seqs.append(seq)
-            rows.append(i)
-            dense.append(True)
-        else:
-            qsl.append(end)
-            seqs.append(seq)
+        has_tail = tail > 0 and q > 1 and seq - q >= max(min_context, 1)
+        if has_tail and q > tail:  # the chunk's head: its context ends where the tail starts
+            qsl.append(end - tail)
+            seqs.append(seq - tail)
             rows.append(i)
             dense.append(False)
+        qsl.append(end)
+        seqs.append(seq)
+        rows.append(i)
+        dense.append(has_tail)
     if not any(dense):
         return None
     return DenseTails(qsl, seqs, rows, tuple(dense))

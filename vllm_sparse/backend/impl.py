@@ -303,12 +303,11 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             self.execute(query, page_keys, page_values, tables, plan, self.scale, out)  # 4 execute
 
         counts = state.planned_pages
-        # Exact counts on CPU (the tables' rows: a threshold or top-p attends fewer pages than
-        # planned); on a GPU the host-known plan (an upper bound for variable budgets), so that
-        # counting never syncs with the device.
-        if query.is_cuda:
-            attended, prefill_attended = counts.attended, counts.prefill_attended
-        else:
+        # The host-known plan (an upper bound for variable budgets), so that counting never syncs
+        # with a GPU; on CPU, when the counters are written, exact counts from the tables' rows (a
+        # threshold or top-p attends fewer pages than planned).
+        attended, prefill_attended = counts.attended, counts.prefill_attended
+        if not query.is_cuda and stats.enabled():
             attended = tables.attended_pages
             prefill_attended = tables.attended_pages_of([r.query_len > 1 for r in plan.requests])
         stats.record(counts.sparse_rows, attended, counts.dense, prefill_attended, counts.prefill_dense)

@@ -13,7 +13,7 @@ queries each selector scores with (``selectors.base.chunk_queries``: the chunk, 
   ``candidate_fraction``), the INT4 shadow estimate ``twilight.estimate_page_mass`` over forced +
   candidate pages, ``twilight.top_p_keep`` (``TwilightSelector``'s prefill path);
 * ``compact``: the block means of the complete past blocks, ``compact.tile_block_keep`` and
-  ``compact.union_counts`` (``CompactSelector``'s path): every past page of a kept block, the pages of
+  ``compact.union_counts`` (``compact.past_page_keep``, ``CompactSelector``'s path): every past page of a kept block, the pages of
   the incomplete last blocks always (``select_all``: no budget, alpha decides how many).
 
 The cache holds the keys of one request contiguously (logical page ``p`` = positions
@@ -31,7 +31,7 @@ from vllm_sparse.config import SparseConfig
 from vllm_sparse.metadata.int4_shadow import dequantize_int4, quantize_int4
 from vllm_sparse.policy import RequestPlan, plan_request
 from vllm_sparse.selectors.base import chunk_queries
-from vllm_sparse.selectors.compact import tile_block_keep, union_counts
+from vllm_sparse.selectors.compact import past_page_keep
 from vllm_sparse.selectors.quest import page_upper_bounds, reduce_and_pick
 from vllm_sparse.selectors.quoka import group_query, score_pages, subselect_queries
 from vllm_sparse.selectors.twilight import estimate_page_mass, top_p_keep
@@ -134,16 +134,10 @@ def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.
 def compact_keep(config: SparseConfig, plan: RequestPlan, q: torch.Tensor, keys: torch.Tensor,
                  forced: torch.Tensor, page_size: int, scale: float) -> list[torch.Tensor]:  # fmt: skip
     """Compact's kept past pages per KV head (forced pages left out) for scored queries ``q [C', Hq, D]``
-    at the step's last positions over contiguous ``keys [S, Hkv, D]`` (``selectors.compact.request_pages``)."""
-    opts = config.compact
-    bp = opts.pages_per_block(page_size)
-    bt = bp * page_size
+    over contiguous ``keys [S, Hkv, D]``: ``selectors.compact.past_page_keep`` over their block means."""
+    bt = config.compact.pages_per_block(page_size) * page_size
     s, hkv, d = keys.shape
-    nb, nbp = plan.seq_len // bt, plan.context_len // bt  # complete blocks; complete past blocks
+    nb = plan.seq_len // bt  # complete blocks
     mean_k = keys[: nb * bt].view(nb, bt, hkv, d).mean(dim=1, dtype=torch.float32).permute(1, 0, 2)  # [Hkv, nb, D]
-    tiles = tile_block_keep(q, mean_k, plan.seq_len - q.shape[0], bt, nbp, scale, opts.block_threshold, opts.tile)
-    groups, _ = union_counts(tiles)  # [Hkv, nbp]
-    keep = torch.ones(hkv, plan.num_past_pages, dtype=torch.bool)
-    keep[:, : nbp * bp] = groups.repeat_interleave(bp, dim=1)
-    keep[:, forced] = False
+    keep, _ = past_page_keep(q, mean_k, plan, forced, config.compact, scale)
     return [keep[h].nonzero().flatten() for h in range(hkv)]

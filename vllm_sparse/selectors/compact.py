@@ -113,11 +113,38 @@ def union_counts(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return groups, torch.stack(out)
 
 
+def past_page_keep(
+    q: torch.Tensor, mean_k: torch.Tensor, req: RequestPlan, forced_past: torch.Tensor, options: CompactOptions,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The past pages a request keeps per KV head, from its block mean keys.
+
+    Args:
+        q: ``[C', Hq, D]`` the scored queries, the step's last positions.
+        mean_k: ``float32 [Hkv, nb, D]`` the mean key of every complete block up to ``req.seq_len``.
+        forced_past: ``int64 [F']`` the request's forced past pages (left out of the result).
+    Returns:
+        ``(keep bool [Hkv, num_past], counts int64 [6])``: every page of each kept complete past block
+        and every page after the last one (the block the chunk starts in), less ``forced_past``;
+        ``union_counts``'s stage counts.
+    """
+    bp = options.pages_per_block(req.page_size)
+    bt = bp * req.page_size
+    nbp = req.context_len // bt  # complete past blocks: the candidates
+    tiles = tile_block_keep(q, mean_k, req.seq_len - q.shape[0], bt, nbp, scale, options.block_threshold, options.tile)
+    groups, counts = union_counts(tiles)
+    keep = torch.ones(mean_k.shape[0], req.num_past_pages, dtype=torch.bool, device=q.device)  # diagonal block's pages
+    keep[:, : nbp * bp] = groups.repeat_interleave(bp, dim=1)
+    keep.index_fill_(1, forced_past, False)  # (not ``keep[:, i] = False``: its scalar is a host copy, a sync)
+    return keep, counts
+
+
 def request_pages(
     query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout, r: int,
     req: RequestPlan, forced_past: torch.Tensor, options: CompactOptions, scale: float, window: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The past pages request ``r`` of a plan keeps per KV head.
+    """The past pages request ``r`` of a plan keeps per KV head (``past_page_keep`` over the block
+    means gathered from the cache in place).
 
     Args:
         query: ``[T, Hq, D]`` the step's queries; block_table ``int [B, max_blocks]``.
@@ -125,20 +152,11 @@ def request_pages(
     Returns:
         ``(keep bool [Hkv, num_past], counts int64 [6])`` (``union_counts``).
     """
-    n, hkv = layout.page_size, layout.num_kv_heads
-    bp = options.pages_per_block(n)
-    bt = bp * n
-    q = chunk_queries(query, req, window)
-    nb = req.seq_len // bt  # complete blocks
-    nbp = req.context_len // bt  # complete past blocks: the candidates
+    bp = options.pages_per_block(layout.page_size)
+    nb = req.seq_len // (bp * layout.page_size)  # complete blocks
     ids = past_page_ids(block_table, r, nb * bp, layout)  # [Hkv, nb * bp]
-    mean_k = block_means(page_keys, ids, bp)
-    tiles = tile_block_keep(q, mean_k, req.seq_len - q.shape[0], bt, nbp, scale, options.block_threshold, options.tile)
-    groups, counts = union_counts(tiles)
-    keep = torch.ones(hkv, req.num_past_pages, dtype=torch.bool, device=query.device)  # diagonal block's pages
-    keep[:, : nbp * bp] = groups.repeat_interleave(bp, dim=1)
-    keep.index_fill_(1, forced_past, False)  # (not ``keep[:, i] = False``: its scalar is a host copy, a sync)
-    return keep, counts
+    q = chunk_queries(query, req, window)
+    return past_page_keep(q, block_means(page_keys, ids, bp), req, forced_past, options, scale)
 
 
 class CompactSelector:
