@@ -13,15 +13,14 @@ adds that folder's backends to a run that has dense and writes the report again 
 """
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
 import yaml
 
-from vllm_sparse.eval.report import load_result, write_report
-from vllm_sparse.eval.runner import Backend, EvalConfig, EvalResult, build_samples, run_backend, run_eval
+from vllm_sparse.eval.join import join_runs
+from vllm_sparse.eval.runner import Backend, EvalConfig, run_eval
 
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-instruct.yaml"
 
@@ -41,41 +40,9 @@ def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Ba
     return out
 
 
-def run_sparse_only(config: EvalConfig) -> None:
-    """Run ``config.backends`` (sparse ones) on the run's prompts without the dense engine that
-    ``run_eval`` insists on; the report then has no paired differences until ``join``."""
-    from transformers import AutoTokenizer
-
-    from vllm_sparse.eval.models import resolve_model
-
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    model_path = resolve_model(config.model, progress=False)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    samples = build_samples(tokenizer, config)
-    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
-    result = EvalResult(config, model_path, samples, [])
-    for backend in config.backends:
-        result.runs.append(
-            run_backend(model_path, backend, samples, tokenizer, config, Path(config.out_dir) / ".stats.json")
-        )
-        write_report(result)
-
-
 def join(main_dir: str, extra_dir: str) -> None:
     """Add ``extra_dir``'s backends (same prompts, checked by hash) to ``main_dir``'s run and re-render it."""
-    main, extra = load_result(main_dir), load_result(extra_dir)
-    hashes = {r["prompt_hash"] for run in main.runs for r in run.records}
-    have = {r.backend.label for r in main.runs}
-    for run in extra.runs:
-        if run.backend.label not in have:
-            assert {r["prompt_hash"] for r in run.records} == hashes, f"{run.backend.label}: other prompts"
-            main.runs.append(run)
-    main.config.backends = [r.backend for r in main.runs]
-    main.config.command = (
-        f"{main.config.command}; {extra.config.command}; python {sys.argv[0]} --join {main_dir} {extra_dir}"
-    )
-    write_report(main)
+    join_runs(main_dir, main_dir, extra_dir, command=f"python {sys.argv[0]} --join {main_dir} {extra_dir}")
 
 
 if __name__ == "__main__":
@@ -112,5 +79,5 @@ if __name__ == "__main__":
         progress=False,
         command="python " + " ".join(shlex.quote(a) for a in sys.argv),
     )
-    with_dense = any(not b.is_sparse for b in chosen)
-    (run_eval if with_dense else run_sparse_only)(config)
+    config.sparse_only = not any(not b.is_sparse for b in chosen)
+    run_eval(config)

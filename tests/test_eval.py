@@ -7,6 +7,7 @@ sparse_quoka, and checks that every output file exists and names both backends.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -295,3 +296,142 @@ def test_default_samples_per_platform(monkeypatch):
     assert default_samples() == SAMPLES_GPU >= 20
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_samples() == SAMPLES_CPU
+
+
+# --------------------------------------------------------------------------- joining runs (no engine)
+
+
+def _run_folder(path, labels, outputs, machine="GPU-X", hashes=None):
+    """Write an eval run folder with ``labels`` (dense = no ``sparse_`` prefix) on 3 prompts of one task."""
+    from types import SimpleNamespace
+
+    from vllm_sparse.eval.report import write_report
+    from vllm_sparse.eval.runner import BackendRun, EvalConfig, EvalResult
+
+    hashes = hashes or ["h0", "h1", "h2"]
+    runs = []
+    for label in labels:
+        backend = Backend(label, label, {"budget": {"fraction": 0.25}} if label.startswith("sparse_") else None)
+        records = [
+            {"backend": label, "task": "niah_single", "context": 4096, "index": i, "prompt_hash": h,
+             "haystack": "essays", "expected": ["1"], "output": outputs[label][i], "score": float(outputs[label][i] == "1")}
+            for i, h in enumerate(hashes)
+        ]  # fmt: skip
+        runs.append(BackendRun(backend, records, 1.0, 2.0, {}))
+    config = EvalConfig(model="m", contexts=(4096,), samples=3, backends=[r.backend for r in runs], out_dir=str(path),
+                        command=f"run {path.name}")  # fmt: skip
+    samples = [SimpleNamespace(task="niah_single", context=4096, haystack="essays") for _ in hashes]
+    machine_info = {"gpu": machine, "cpu": "c", "cores": 1}
+    write_report(EvalResult(config, "m", samples, runs), machine=machine_info)
+    return path
+
+
+def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
+    from vllm_sparse.eval.join import JoinError, join_runs
+
+    main = _run_folder(
+        tmp_path / "a", ["DENSE", "sparse_quoka"], {"DENSE": ["1", "1", "1"], "sparse_quoka": ["1", "0", "1"]}
+    )
+    other = _run_folder(
+        tmp_path / "b", ["DENSE", "sparse_quest"], {"DENSE": ["1", "1", "1"], "sparse_quest": ["0", "0", "1"]}
+    )
+    sparse_only = _run_folder(tmp_path / "c", ["sparse_compact"], {"sparse_compact": ["1", "1", "1"]})
+    joined = join_runs(tmp_path / "j", main, other, sparse_only)
+    assert [r.backend.label for r in joined.runs] == ["DENSE", "sparse_quoka", "sparse_quest", "sparse_compact"]
+    summary = json.loads((tmp_path / "j" / "summary.json").read_text())
+    assert summary["machine"]["gpu"] == "GPU-X"  # the measuring machine, not the joining one
+    assert summary["dense_reruns"] == [{"dir": str(other), "label": "DENSE", "same_outputs": 3, "outputs": 3}]
+    diffs = {(d["backend"], d["task"]): d["difference"] for d in summary["paired_difference"]}
+    assert diffs[("sparse_quest", "niah_single")] == pytest.approx(-2 / 3, abs=1e-4)
+    assert diffs[("sparse_compact", "niah_single")] == 0.0
+    assert "run a; run b; run c; python -m vllm_sparse.eval.join" in summary["command"]
+
+    flaky = _run_folder(
+        tmp_path / "d", ["DENSE", "sparse_twilight"], {"DENSE": ["1", "2", "1"], "sparse_twilight": ["1"] * 3}
+    )
+    with pytest.raises(JoinError, match="agrees .* on 2 of 3"):
+        join_runs(tmp_path / "j2", main, flaky)
+    joined = join_runs(tmp_path / "j2", main, flaky, allow_dense_mismatch=True)
+    assert json.loads((tmp_path / "j2" / "summary.json").read_text())["dense_reruns"][0]["same_outputs"] == 2
+    other_prompts = _run_folder(
+        tmp_path / "e", ["sparse_kascade"], {"sparse_kascade": ["1"] * 3}, hashes=["h0", "h1", "x"]
+    )
+    with pytest.raises(JoinError, match="other prompts"):
+        join_runs(tmp_path / "j3", main, other_prompts)
+    with pytest.raises(JoinError, match="no dense run"):
+        join_runs(tmp_path / "j4", sparse_only, main)
+    with pytest.raises(JoinError, match="already"):
+        join_runs(tmp_path / "j5", main, main)
+
+
+def test_sparse_only_runs_refuse_a_dense_backend(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="must not include a dense"):
+        run_eval(EvalConfig(model=tiny_llama, sparse_only=True, out_dir=str(tmp_path)))
+    args = [
+        "--model",
+        tiny_llama,
+        "--methods",
+        "quoka",
+        "--budgets",
+        "0.25",
+        "--sparse-only",
+        "--gpu-memory-utilization",
+        "0.2",
+    ]
+    import argparse
+
+    from vllm_sparse.eval.cli import add_eval_parser, config_from_args
+
+    parser = argparse.ArgumentParser()
+    config = config_from_args(add_eval_parser(parser.add_subparsers(dest="cmd")).parse_args(args))
+    assert [b.label for b in config.backends] == ["sparse_quoka@0.25"]
+    assert config.sparse_only and config.gpu_memory_utilization == 0.2
+
+
+def _benchmark_module(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parallel_eval_groups_and_variants(tmp_path):
+    """benchmarks/eval_gpu_parallel.py: group 0 runs dense, the others sparse only; a +VARIANT group merges its
+    fields into --sparse-config and suffixes its labels."""
+    par = _benchmark_module("eval_gpu_parallel")
+    assert par.parse_group("quoka,quest:0.125,0.25") == (["quoka", "quest"], ["0.125", "0.25"], "")
+    assert par.parse_group("quest:0.25+tail64") == (["quest"], ["0.25"], "tail64")
+    for bad in ("quoka", "quoka:", ":0.25", "quoka:x"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            par.parse_group(bad)
+    base = ["--model", "m", "--sparse-config", '{"config": "c.yaml"}']
+    first = par.group_command(0, par.parse_group("quoka:0.25"), tmp_path, base, {})
+    assert "--sparse-only" not in first and first[first.index("--out") + 1] == str(tmp_path / "g00")
+    variant = par.group_command(
+        2, par.parse_group("quest:0.25+tail64"), tmp_path, base, {"tail64": {"dense_tail_tokens": 64}}
+    )
+    assert json.loads(variant[variant.index("--sparse-config") + 1]) == {"config": "c.yaml", "dense_tail_tokens": 64}
+    assert variant[variant.index("--label-suffix") + 1] == "+tail64" and "--sparse-only" in variant
+    assert json.loads(par.with_variant(["--model", "m"], {"a": 1})[-1]) == {"a": 1}
+    with pytest.raises(SystemExit):
+        par.group_command(1, par.parse_group("quest:0.25+nope"), tmp_path, base, {})
+
+
+def test_variant_pairs_by_prompt():
+    """benchmarks/eval_pair_variants.py pairs a +VARIANT label with its stem (or a label across runs) by prompt."""
+    pv = _benchmark_module("eval_pair_variants")
+    assert pv.default_pairs({"D", "sparse_q@0.25"}, ["D", "sparse_q@0.25", "sparse_q@0.25+t"], same_run=True) == [
+        ("sparse_q@0.25+t", "sparse_q@0.25")
+    ]
+    assert pv.default_pairs({"sparse_q@0.25"}, ["sparse_q@0.25"]) == [("sparse_q@0.25", "sparse_q@0.25")]
+    base = [_rec("sparse_q@0.25", "a", i, 0.0) for i in range(4)]
+    variant = [_rec("sparse_q@0.25+t", "a", i, 1.0 if i < 3 else 0.0) for i in range(4)]
+    variant.append(_rec("sparse_q@0.25+t", "b", 0, 1.0))  # a cell the base did not run: not paired
+    rows = pv.pair_rows(base, variant, [("sparse_q@0.25+t", "sparse_q@0.25")])
+    (a,) = [r for r in rows if r["task"] == "a"]
+    assert a["difference"] == 0.75 and a["n"] == 4 and a["ci95"][0] < 0.75 < a["ci95"][1]
+    assert "| sparse_q@0.25+t | sparse_q@0.25 | 4096 | a | +0.75" in pv.markdown(rows)

@@ -52,6 +52,23 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache memory per engine (GiB)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.5,
+        help="vLLM's share of the accelerator each engine may take (lower it to run evals side by side)",
+    )
+    p.add_argument(
+        "--sparse-only",
+        action="store_true",
+        help="run only the sparse backends, no dense engine; join the folder to a run on the same prompts that "
+        "has dense with `python -m vllm_sparse.eval.join OUT MAIN THIS`",
+    )
+    p.add_argument(
+        "--label-suffix",
+        default="",
+        help="appended to every sparse backend's label (sparse_quoka@0.25+tail64), to tell runs of a variant apart",
+    )
     p.add_argument("--out", default="eval_results", help="output folder")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=run_eval_command)
@@ -66,16 +83,21 @@ def _command() -> str:
 
 def config_from_args(args: argparse.Namespace):
     """An :class:`EvalConfig` from parsed arguments."""
-    from vllm_sparse.eval.runner import EvalConfig, default_backends, default_samples
+    from vllm_sparse.eval.runner import Backend, EvalConfig, default_backends, default_samples
 
     extra = json.loads(args.sparse_config) if args.sparse_config else None
     backends = default_backends(args.methods, args.budgets, args.min_tokens, extra, args.dense_backend)
+    if args.sparse_only:
+        backends = [b for b in backends if b.is_sparse]
+    if args.label_suffix:
+        backends = [Backend(b.label + args.label_suffix, b.name, b.sparse) if b.is_sparse else b for b in backends]
     return EvalConfig(
         model=args.model, tasks=tuple(args.tasks), contexts=tuple(args.contexts),
         samples=args.samples if args.samples is not None else default_samples(),
         depths=tuple(args.depths), seed=args.seed, backends=backends, dtype=args.dtype,
         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30),
+        gpu_memory_utilization=args.gpu_memory_utilization, sparse_only=args.sparse_only,
         out_dir=args.out, progress=not args.no_progress,
         command=_command(),
     )  # fmt: skip

@@ -187,8 +187,12 @@ def plot_budget(result, table: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(result) -> dict[str, str]:
-    """Write every output file of ``result`` into its ``out_dir``; returns their paths by kind."""
+def write_report(result, machine: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """Write every output file of ``result`` into its ``out_dir``; returns their paths by kind.
+
+    ``machine`` is the measuring machine (default: this one, :func:`machine_info`); ``extra`` adds
+    top-level keys to ``summary.json`` (``join`` records its dense re-runs there).
+    """
     from vllm_sparse.eval.runner import config_dict
 
     out = Path(result.config.out_dir)
@@ -196,7 +200,7 @@ def write_report(result) -> dict[str, str]:
     records = [rec for r in result.runs for rec in r.records]
     table = accuracy_table(records)
     dense = next((r.backend.label for r in result.runs if not r.backend.is_sparse), None)
-    machine = machine_info()
+    machine = machine or machine_info()
     command = result.config.command or " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).name, *sys.argv[1:]])
     files = {
         "samples": out / "samples.json",
@@ -226,6 +230,7 @@ def write_report(result) -> dict[str, str]:
         ],
         "accuracy": accuracy_json(table),
         "paired_difference": difference_json(paired_table(records, dense)) if dense else [],
+        **(extra or {}),
     }
     files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
     result.markdown = markdown(result, table, machine, command)

@@ -133,6 +133,8 @@ class EvalConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 8
     kv_cache_memory_bytes: int = 2 << 30
+    gpu_memory_utilization: float = 0.5  # on a GPU, lower it to run several evals side by side
+    sparse_only: bool = False  # no dense engine: the run is joined later to one that has it (eval/join.py)
     out_dir: str = "eval_results"
     progress: bool = True
     command: str | None = None  # recorded in the report; default: this process's argv
@@ -200,7 +202,7 @@ def run_backend(model_path: str, backend: Backend, samples: Sequence[Sample], to
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         enforce_eager=True,
-        gpu_memory_utilization=0.5,
+        gpu_memory_utilization=config.gpu_memory_utilization,
         kv_cache_memory_bytes=config.kv_cache_memory_bytes,
         seed=config.seed,
     )
@@ -253,8 +255,14 @@ def run_eval(config: EvalConfig) -> EvalResult:
     labels = [b.label for b in backends]
     if len(set(labels)) != len(labels):
         raise ValueError(f"backend labels must be unique, got {labels}")
-    if not any(not b.is_sparse for b in backends):
-        raise ValueError("the backends must include a dense one: the report compares every sparse one with it")
+    has_dense = any(not b.is_sparse for b in backends)
+    if config.sparse_only and has_dense:
+        raise ValueError("sparse_only: the backends must not include a dense one")
+    if not config.sparse_only and not has_dense:
+        raise ValueError(
+            "the backends must include a dense one: the report compares every sparse one with it "
+            "(or run sparse_only and join the folder to a run that has dense: python -m vllm_sparse.eval.join)"
+        )
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     # Engines start from a parent that has loaded torch (and may have touched CUDA): fork would
     # fail on GPUs with "Cannot re-initialize CUDA in forked subprocess".

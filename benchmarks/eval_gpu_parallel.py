@@ -1,0 +1,112 @@
+"""Run one accuracy eval as several `vllm-sparse eval` processes side by side on one GPU, then join them.
+
+An eval in eager mode keeps a GPU mostly idle (a small model, host work per layer), so the backends are split
+into groups that run at the same time, each its own process and engine, on the same prompts (the same seed,
+tasks, contexts and samples). The first group also runs the dense backend; the others run sparse only. The
+folders are then joined into one report (``vllm_sparse.eval.join``: prompt hashes checked, paired
+differences against the first group's dense run)::
+
+    python benchmarks/eval_gpu_parallel.py OUT --groups quoka:0.125 quoka:0.25 quest:0.125,0.25 \\
+        -- --model qwen2.5-coder-1.5b-instruct --tasks niah_single vt --contexts 8192 16384 --samples 20
+
+A group is ``METHOD[,METHOD...]:BUDGET[,BUDGET...]``, optionally ``+VARIANT`` for a variant declared with
+``--variant VARIANT JSON``: its fields are merged into the group's ``--sparse-config`` and its labels get
+``+VARIANT`` (``sparse_quoka@0.25+tail64``). Everything after ``--`` goes to every process's
+``vllm-sparse eval`` (``--methods``, ``--budgets``, ``--out``, ``--sparse-only`` and ``--label-suffix`` are set
+here). Each group
+writes ``OUT/gNN/`` and ``OUT/gNN.log``; the joined report is ``OUT/joined/``. Choose
+``--gpu-memory-utilization`` and ``--kv-cache-gib`` so that every group's engine fits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vllm_sparse.eval.join import join_runs
+
+
+def parse_group(text: str) -> tuple[list[str], list[str], str]:
+    """``quoka,quest:0.125,0.25+tail64`` -> (["quoka", "quest"], ["0.125", "0.25"], "tail64")."""
+    body, _, variant = text.partition("+")
+    methods, sep, budgets = body.partition(":")
+    if not sep or not methods or not budgets:
+        raise argparse.ArgumentTypeError(f"group {text!r}: expected METHOD[,METHOD...]:BUDGET[,BUDGET...][+VARIANT]")
+    for b in budgets.split(","):
+        float(b)
+    return methods.split(","), budgets.split(","), variant
+
+
+def with_variant(eval_args: list[str], fields: dict) -> list[str]:
+    """``eval_args`` with ``fields`` merged into its ``--sparse-config`` JSON (added if absent)."""
+    if not fields:
+        return list(eval_args)
+    args = list(eval_args)
+    if "--sparse-config" in args:
+        i = args.index("--sparse-config") + 1
+        args[i] = json.dumps({**json.loads(args[i]), **fields})
+        return args
+    return [*args, "--sparse-config", json.dumps(fields)]
+
+
+def group_command(index: int, group: tuple[list[str], list[str], str], out: Path, eval_args: list[str],
+                  variants: dict[str, dict]) -> list[str]:  # fmt: skip
+    """The ``vllm-sparse eval`` command of group ``index`` (group 0 runs dense too)."""
+    methods, budgets, variant = group
+    if variant and variant not in variants:
+        raise SystemExit(f"group variant {variant!r} is not declared with --variant")
+    args = with_variant(eval_args, variants.get(variant, {}))
+    cmd = [sys.executable, "-m", "vllm_sparse.eval.cli", *args, "--methods", *methods, "--budgets", *budgets]
+    cmd += ["--out", str(out / f"g{index:02d}"), "--no-progress"]
+    if variant:
+        cmd += ["--label-suffix", f"+{variant}"]
+    return cmd if index == 0 else [*cmd, "--sparse-only"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, eval_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--groups", nargs="+", type=parse_group, required=True)
+    p.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
+                   help="a named sparse_attention variant for groups written METHOD:BUDGET+NAME")  # fmt: skip
+    p.add_argument("--stagger-s", type=float, default=5.0, help="seconds between process starts")
+    args = p.parse_args(ours)
+    variants = {name: json.loads(fields) for name, fields in args.variant}
+    args.out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, group in enumerate(args.groups):
+        cmd = group_command(i, group, args.out, eval_args, variants)
+        log = open(args.out / f"g{i:02d}.log", "w")  # noqa: SIM115 (closed below)
+        log.write(" ".join(cmd) + "\n")
+        log.flush()
+        procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter()))
+        print(f"group {i}: {group[0]} at {group[1]} started", flush=True)
+        time.sleep(args.stagger_s)
+    failed = []
+    for i, proc, log, started in procs:
+        rc = proc.wait()
+        log.close()
+        print(f"group {i}: exit {rc} after {time.perf_counter() - started:.0f} s", flush=True)
+        if rc != 0:
+            failed.append(i)
+    done = [
+        args.out / f"g{i:02d}"
+        for i, *_ in procs
+        if i not in failed and (args.out / f"g{i:02d}" / "samples.json").exists()
+    ]
+    if 0 in failed or not done or done[0].name != "g00":
+        print("the dense group failed: nothing to join", flush=True)
+        return 1
+    join_runs(args.out / "joined", *done, allow_dense_mismatch=True)
+    print(f"joined {len(done)} groups into {args.out / 'joined'}; failed groups: {failed or 'none'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
