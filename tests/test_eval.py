@@ -341,6 +341,7 @@ def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
     summary = json.loads((tmp_path / "j" / "summary.json").read_text())
     assert summary["machine"]["gpu"] == "GPU-X"  # the measuring machine, not the joining one
     assert summary["dense_reruns"] == [{"dir": str(other), "label": "DENSE", "same_outputs": 3, "outputs": 3}]
+    assert "dense re-runs of the joined groups: 3 of 3 outputs identical" in (tmp_path / "j" / "report.md").read_text()
     diffs = {(d["backend"], d["task"]): d["difference"] for d in summary["paired_difference"]}
     assert diffs[("sparse_quest", "niah_single")] == pytest.approx(-2 / 3, abs=1e-4)
     assert diffs[("sparse_compact", "niah_single")] == 0.0

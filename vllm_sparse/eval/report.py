@@ -75,8 +75,11 @@ def _budget_tokens(backend, contexts) -> str:
     return ", ".join(f"{c}: {budget.tokens(c)}" for c in contexts)
 
 
-def markdown(result, table: dict, machine: dict, command: str) -> str:
-    """The report: header (model, machine, command, timings) and the dense-beside-sparse table."""
+def markdown(result, table: dict, machine: dict, command: str, dense_reruns: list[dict] | None = None) -> str:
+    """The report: header (model, machine, command, timings) and the dense-beside-sparse table.
+
+    ``dense_reruns``: a joined run's other dense runs, compared output by output with its reference (``join``).
+    """
     runs = result.runs
     dense = next((r.backend.label for r in runs if not r.backend.is_sparse), None)
     sparse = [r.backend.label for r in runs if r.backend.is_sparse]
@@ -96,6 +99,14 @@ def markdown(result, table: dict, machine: dict, command: str) -> str:
             f"- samples per task and context: {cfg.samples}; depths {list(cfg.depths)}; seed {cfg.seed}; "
             f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
             f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}"
+        ),
+        *(
+            [
+                f"- dense re-runs of the joined groups: {sum(r['same_outputs'] for r in dense_reruns)} of "
+                f"{sum(r['outputs'] for r in dense_reruns)} outputs identical to the reference dense run"
+            ]
+            if dense_reruns
+            else []
         ),
         "",
         "| backend | engine start (s) | generate (s) | KV pages attended: all steps | prefill chunks only |",
@@ -233,7 +244,7 @@ def write_report(result, machine: dict[str, Any] | None = None, extra: dict[str,
         **(extra or {}),
     }
     files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
-    result.markdown = markdown(result, table, machine, command)
+    result.markdown = markdown(result, table, machine, command, (extra or {}).get("dense_reruns"))
     files["markdown"].write_text(result.markdown)
     if importlib.util.find_spec("matplotlib") is None:
         logger.warning("matplotlib is not installed: no PNG plots (re-render later with `%s`)", RERENDER_HINT)
@@ -286,7 +297,7 @@ def rerender(out_dir: str | os.PathLike[str]) -> dict[str, str]:
     records = [rec for r in result.runs for rec in r.records]
     table = accuracy_table(records)
     out = Path(out_dir)
-    result.markdown = markdown(result, table, summary["machine"], summary["command"])
+    result.markdown = markdown(result, table, summary["machine"], summary["command"], summary.get("dense_reruns"))
     (out / "report.md").write_text(result.markdown)
     plot_context(result, table, out / "accuracy_vs_context.png")
     plot_budget(result, table, out / "accuracy_vs_budget.png")
