@@ -196,6 +196,8 @@ def engine_kwargs(spec: dict) -> dict:
         kw.update(skip_tokenizer_init=True)
     if spec.get("kv_cache_memory_bytes"):
         kw["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    if "async_scheduling" in spec:  # unset: vLLM's default (on for GPUs in 0.33)
+        kw["async_scheduling"] = spec["async_scheduling"]
     kw["gpu_memory_utilization"] = spec.get("gpu_memory_utilization", 0.85)
     return kw
 
@@ -208,6 +210,7 @@ def run_engine(spec: dict) -> dict:
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs(spec))
     res["engine_start_s"] = round(time.perf_counter() - t0, 1)
+    res["async_scheduling"] = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
 
     def gen(prompts, max_tokens):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -401,10 +404,14 @@ def tiny(args) -> dict:
             }
             for method in FORCED_METHODS
         ]
+        # the forced runs above take vLLM's default scheduling (async on GPUs); one without it
+        specs.append({**common, "name": f"{mode}_forced_quest_sync", "mode": mode, "backend": "sparse_quest",
+                      "additional_config": forced_sparse("quest"), "async_scheduling": False})  # fmt: skip
     results = run_specs(specs, out, args.parallel, args.deadline_at)
     summary = {}
     for mode in args.modes.split(","):
-        kinds = ("flash_attn", "flashinfer", "sparse_full", "sparse_real") + tuple(f"forced_{m}" for m in FORCED_METHODS)
+        kinds = ("flash_attn", "flashinfer", "sparse_full", "sparse_real", "forced_quest_sync")
+        kinds += tuple(f"forced_{m}" for m in FORCED_METHODS)
         runs = {k: results.get(f"{mode}_{k}", {}) for k in kinds}
         pairs = [
             ("sparse_full", "flash_attn"),
@@ -412,7 +419,7 @@ def tiny(args) -> dict:
             ("flashinfer", "flash_attn"),
             ("sparse_real", "flash_attn"),
         ]
-        pairs += [(f"forced_{m}", ref) for m in FORCED_METHODS for ref in ("flash_attn", "flashinfer")]
+        pairs += [(f"forced_{m}", ref) for m in FORCED_METHODS + ("quest_sync",) for ref in ("flash_attn", "flashinfer")]
         for a, b in pairs:
             if runs[a].get("ok") and runs[b].get("ok"):
                 summary[f"{mode}: {a} vs {b}"] = {

@@ -55,10 +55,19 @@ COVERING = {"budget": {"fraction": 1.0, "min_tokens": 0}, "dense_layers": [], "d
             "force_sparse": True, "sparse_decode": True}  # fmt: skip
 REAL = {"budget": {"fraction": 0.25, "min_tokens": 64, "max_tokens": None}, "sink_tokens": 32,
         "local_tokens": 64, "dense_layers": [0], "dense_below_tokens": 256, "sparse_decode": True}  # fmt: skip
-METHOD_COVERING = {"twilight": {"twilight": {"top_p": 1.0, "candidate_fraction": 1.0}}}
+# Kascade on a random model: anchors 0 and 2, identity head map (no calibration). Compact selects
+# for prefill chunks only (it refuses ``sparse_decode``); a threshold of 0 keeps every block.
+KASCADE_ANCHORS = {"kascade": {"anchors": [0, 2]}}
+METHOD_COVERING = {
+    "twilight": {"twilight": {"top_p": 1.0, "candidate_fraction": 1.0}},
+    "kascade": KASCADE_ANCHORS,
+    "compact": {"compact": {"block_threshold": 0.0}, "sparse_decode": None},
+}
 METHOD_REAL = {
     "twilight": {"twilight": {"top_p": 0.9, "candidate_fraction": 0.3}},
     "quoka": {"quoka": {"num_queries": 16}},
+    "kascade": KASCADE_ANCHORS,
+    "compact": {"compact": {"block_threshold": 0.95, "block_pages": 1, "tile": 128}, "sparse_decode": None},
 }
 STOP_STRINGS = ["\n", ".", "e", "the", "\u00e9"]
 META_CHECK_ENV = "SPARSE_ATTENTION_CHECK_META"  # vllm_sparse.backend.meta_check.ENV (not imported: no vLLM here)
@@ -70,14 +79,23 @@ def method_of(backend: str) -> str | None:
     return b[len("sparse_") :] if b.startswith("sparse_") else None
 
 
+def _merged(base: dict, method: dict) -> dict:
+    """``base`` updated with a method's settings; a ``None`` there removes the key."""
+    out = {**base, **method}
+    return {k: v for k, v in out.items() if v is not None or k not in method}
+
+
 def covering_config(backend: str) -> dict:
     """``sparse_attention`` settings for a budget covering every context, through the selection path."""
-    return {**COVERING, **METHOD_COVERING.get(method_of(backend) or "", {})}
+    return _merged(COVERING, METHOD_COVERING.get(method_of(backend) or "", {}))
 
 
-def real_config(backend: str) -> dict:
-    """A real (shipped-like) budget scaled to short contexts: 25%, sparse from 256 tokens."""
-    return {**REAL, **METHOD_REAL.get(method_of(backend) or "", {})}
+def real_config(backend: str, sparse_prefill: bool = False) -> dict:
+    """A real (shipped-like) budget scaled to short contexts: 25%, sparse from 256 tokens.
+    ``sparse_prefill``: every prefill chunk past the thresholds sparse (on GPUs the cost model
+    runs short prompts dense)."""
+    cfg = _merged(REAL, METHOD_REAL.get(method_of(backend) or "", {}))
+    return {**cfg, "sparse_prefill": True} if sparse_prefill else cfg
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,6 +177,8 @@ class Outcome:
     cached_tokens: int | None = None
     error: str = ""
     seconds: float = 0.0
+    # per choice and position: {token id: logprob} of the top tokens (requests that ask for logprobs)
+    top_logprobs: list[list[dict[str, float]]] = field(default_factory=list)
 
 
 SAMPLED_TEMPERATURE = 0.8  # n > 1 (vLLM refuses n > 1 with greedy sampling): seeded sampling
@@ -177,6 +197,7 @@ def _body(req: SoakRequest, model: str, temperature: float, seed: int | None) ->
         body["stop"] = req.stop
     if req.logprobs:
         body["logprobs"] = req.logprobs
+        body["return_tokens_as_token_ids"] = True  # top_logprobs keyed "token_id:N", one key per token
     if req.stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -189,10 +210,28 @@ def _take(out: Outcome, choices: list[dict], usage: dict | None) -> None:
             out.tokens.append([])
             out.finish.append(None)
         out.tokens[i] += c.get("token_ids") or []
+        top = (c.get("logprobs") or {}).get("top_logprobs")
+        if top:
+            while len(out.top_logprobs) <= i:
+                out.top_logprobs.append([])
+            out.top_logprobs[i] += [{k.rsplit(":", 1)[-1]: v for k, v in (d or {}).items()} for d in top]
         if c.get("finish_reason"):
             out.finish[i] = c["finish_reason"]
     if usage:
         out.cached_tokens = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+
+
+async def _sse_lines(response):
+    """The lines of a server-sent event stream, split at ``\n`` only: ``aiter_lines`` also splits
+    at U+0085, U+2028 and the like, which a streamed token's text may hold unescaped."""
+    buf = b""
+    async for chunk in response.aiter_bytes():
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if buf:
+        yield buf.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 async def _send(client, url: str, req: SoakRequest, body: dict, out: Outcome) -> None:
@@ -210,7 +249,7 @@ async def _send(client, url: str, req: SoakRequest, body: dict, out: Outcome) ->
         if r.status_code != 200:
             out.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
             return
-        async for line in r.aiter_lines():
+        async for line in _sse_lines(r):
             if not line.startswith("data: "):
                 continue
             payload = line[len("data: ") :]
@@ -261,13 +300,14 @@ def violations(req: SoakRequest, out: Outcome) -> list[str]:
 
 
 async def drive(base: str, model: str, requests: list[SoakRequest], concurrency: int, timeout: float,
-                temperature: float = 0.0, seed: int | None = None, progress: bool = True) -> list[Outcome]:  # fmt: skip
+                temperature: float = 0.0, seed: int | None = None, progress: bool = True,
+                desc: str = "soak") -> list[Outcome]:  # fmt: skip
     """Send every request (at most ``concurrency`` in flight); outcomes in request order."""
     import httpx
     from tqdm import tqdm
 
     sem = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(requests), desc="soak", unit="req", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=len(requests), desc=desc, unit="req", disable=not progress, file=sys.stderr)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout + 30), limits=limits) as client:
 
@@ -298,6 +338,7 @@ class ServerOptions:
     kv_cache_bytes: int = 7 << 20  # tiny model, fp32: 56 pages of 32 dense, 37 for Quest/Twilight
     enforce_eager: bool = True
     extra_args: list[str] = field(default_factory=list)
+    gpu_memory_utilization: float = 0.5  # GPUs: the share each server may take (several servers share one GPU)
 
 
 def server_cmd(model: str, backend: str, port: int, sparse_cfg: dict | None, opts: ServerOptions) -> list[str]:
@@ -307,7 +348,7 @@ def server_cmd(model: str, backend: str, port: int, sparse_cfg: dict | None, opt
         "--max-model-len", str(opts.max_model_len), "--block-size", str(opts.block_size),
         "--max-num-batched-tokens", str(opts.max_num_batched_tokens), "--max-num-seqs", str(opts.max_num_seqs),
         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--seed", "0",
-        "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", str(opts.kv_cache_bytes),
+        "--gpu-memory-utilization", str(opts.gpu_memory_utilization), "--kv-cache-memory-bytes", str(opts.kv_cache_bytes),
     ]  # fmt: skip
     if opts.enforce_eager:
         cmd.append("--enforce-eager")
@@ -348,6 +389,35 @@ class RssSampler(threading.Thread):
         self._stop_event.set()
         self.sample()
         return self.peak
+
+
+class GpuMemorySampler(threading.Thread):
+    """Peak memory in use on the GPUs (``nvidia-smi``, summed over devices) while servers run; ``None``
+    without ``nvidia-smi``. Device-wide: with several servers on one GPU it is their sum."""
+
+    def __init__(self, every: float = 1.0):
+        super().__init__(daemon=True)
+        import shutil
+
+        self.every, self.peak_mb, self._stop_event = every, None, threading.Event()
+        self.smi = shutil.which("nvidia-smi")
+
+    def sample(self) -> None:
+        try:
+            out = subprocess.run([self.smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+            used = sum(float(x) for x in out.split())
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return
+        self.peak_mb = used if self.peak_mb is None else max(self.peak_mb, used)
+
+    def run(self):
+        while self.smi and not self._stop_event.wait(self.every):
+            self.sample()
+
+    def stop(self) -> float | None:
+        self._stop_event.set()
+        return self.peak_mb
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -447,7 +517,9 @@ def run_soak(
             record["start_s"] = round(time.perf_counter() - t0, 1)
             rss.start()
             t0 = time.perf_counter()
-            outs = asyncio.run(drive(base, "soak", requests, concurrency, request_timeout, temperature, seed, progress))
+            outs = asyncio.run(
+                drive(base, "soak", requests, concurrency, request_timeout, temperature, seed, progress, f"soak {name}")
+            )
             record["wall_s"] = round(time.perf_counter() - t0, 1)
             record["server_alive"] = proc.poll() is None
             record["metrics"] = scrape_metrics(base) if record["server_alive"] else {}
@@ -478,11 +550,32 @@ def run_soak(
     return record
 
 
-def compare(reference: dict, run: dict, requests: list[SoakRequest]) -> dict:
+# Two dense kernels that round differently part where the reference's top logprobs are within a
+# few ulps (tests/gpu/test_vllm_e2e_gpu.py: FLASH_ATTN against FLASHINFER on the e2e model in fp16).
+NEAR_TIE = 0.26
+TIE_LOGPROBS = 5  # top logprobs asked for with every greedy request of an equality run that allows near-ties
+
+
+def _ref_gap(ref: dict, a: list[int], b: list[int], first: int) -> float | None:
+    """The reference's logprob of its own token minus that of the run's token at ``first``
+    (``None``: the run's token is not in the reference's top logprobs there, or none were kept)."""
+    tops = ref.get("top_logprobs") or []
+    if not tops or first >= min(len(a), len(b)) or first >= len(tops[0]):
+        return None
+    top = tops[0][first]
+    own, other = top.get(str(a[first])), top.get(str(b[first]))
+    return None if own is None or other is None else round(own - other, 4)
+
+
+def compare(reference: dict, run: dict, requests: list[SoakRequest], tie_bound: float | None = None) -> dict:
     """Greedy requests (``n = 1``) completed in both runs whose token ids differ; the first few
-    with the first differing position. (``n > 1`` samples: its tokens are not compared.)"""
+    with the first differing position. (``n > 1`` samples: its tokens are not compared.)
+
+    ``tie_bound``: a difference whose first token is a near-tie of the reference's logits (its gap
+    below the bound, ``_ref_gap``) is counted in ``near_ties``, not ``token_mismatches``; ``None``:
+    every difference is a mismatch (exact kernels, as on CPUs)."""
     ref = {o["idx"]: o for o in reference["outcomes"] if o["status"] == "completed"}
-    diffs, compared = [], 0
+    diffs, compared, ties, gaps = [], 0, 0, []
     for o in run["outcomes"]:
         r = ref.get(o["idx"])
         if o["status"] != "completed" or r is None or requests[o["idx"]].n != 1:
@@ -491,8 +584,26 @@ def compare(reference: dict, run: dict, requests: list[SoakRequest]) -> dict:
         if o["tokens"] != r["tokens"]:
             a, b = r["tokens"][0] if r["tokens"] else [], o["tokens"][0] if o["tokens"] else []
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diffs.append({"idx": o["idx"], "first_diff": first, "reference": a[:24], "run": b[:24]})
-    return {"compared": compared, "token_mismatches": len(diffs), "examples": diffs[:10]}
+            gap = _ref_gap(r, a, b, first)
+            gaps.append(gap)
+            if tie_bound is not None and gap is not None and gap < tie_bound:
+                ties += 1
+                continue
+            diffs.append({"idx": o["idx"], "first_diff": first, "ref_gap": gap, "reference": a[:24], "run": b[:24]})
+    return {
+        "compared": compared,
+        "token_mismatches": len(diffs),
+        "near_ties": ties,
+        "tie_bound": tie_bound,
+        "max_ref_gap_at_divergence": None if None in gaps else max(gaps, default=0.0),
+        "examples": diffs[:10],
+    }
+
+
+def tie_bound(dense_vs_dense: dict) -> float:
+    """The near-tie bound of an equality run: twice the largest gap at which its two dense
+    backends part, at least ``NEAR_TIE`` (a part outside the reference's top logprobs: ``NEAR_TIE``)."""
+    return max(NEAR_TIE, 2 * (dense_vs_dense["max_ref_gap_at_divergence"] or 0.0) + 0.01)
 
 
 def run_jobs(jobs: list[dict], workers: int = 1) -> dict:
@@ -520,44 +631,70 @@ def run_jobs(jobs: list[dict], workers: int = 1) -> dict:
         finally:
             free.put(core)
 
+    gpu = GpuMemorySampler()
+    gpu.start()
     with ThreadPoolExecutor(workers) as pool:
         records = list(pool.map(one, jobs))
+    peak = gpu.stop()
+    for r in records:
+        r["gpu_used_peak_mb"] = peak  # every server of this call together
     return {r["name"]: r for r in records}
 
 
+def equality_requests(requests: list[SoakRequest], near_ties: bool = False) -> list[SoakRequest]:
+    """The equality stream: ``requests`` without aborts; with ``near_ties`` every greedy request
+    asks for its top ``TIE_LOGPROBS`` logprobs (to tell a near-tie from an error)."""
+
+    def one(r: SoakRequest) -> SoakRequest:
+        logprobs = TIE_LOGPROBS if near_ties and r.n == 1 else r.logprobs
+        return SoakRequest(**{**asdict(r), "abort_after": None, "logprobs": logprobs})
+
+    return [one(r) for r in requests]
+
+
 def equality_jobs(model: str, backends: list[str], requests: list[SoakRequest], log_dir, dense_backend: str = "CPU_ATTN",
-                  **kw) -> list[dict]:  # fmt: skip
+                  second_dense: str | None = None, **kw) -> list[dict]:  # fmt: skip
     """The jobs of an equality run: the stream without its aborts against ``dense_backend`` and
-    against each sparse backend at a covering budget through the selection path."""
-    reqs = [SoakRequest(**{**asdict(r), "abort_after": None}) for r in requests]
+    against each sparse backend at a covering budget through the selection path. ``second_dense``
+    (GPUs: FLASHINFER beside FLASH_ATTN): a second dense run, whose differences from the first set
+    the near-tie bound (``add_equality``)."""
+    reqs = equality_requests(requests, near_ties=second_dense is not None)
     common = {"model": model, "requests": reqs, "log_dir": log_dir, **kw}
     jobs = [{**common, "backend": dense_backend, "sparse_cfg": None, "check_meta": False, "name": "dense"}]
+    if second_dense:
+        jobs.append({**common, "backend": second_dense, "sparse_cfg": None, "check_meta": False, "name": "dense2"})
     return jobs + [
         {**common, "backend": b, "sparse_cfg": covering_config(b), "name": f"{method_of(b)}_covering"} for b in backends
     ]
 
 
 def add_equality(records: dict, requests: list[SoakRequest]) -> dict:
-    """Compare every ``*_covering`` record with ``dense`` (greedy tokens per request); in place."""
+    """Compare every ``*_covering`` record with ``dense`` (greedy tokens per request); in place.
+    With a ``dense2`` record, differences at near-ties of dense's logits (``tie_bound`` of the two
+    dense runs) are counted apart; without one every difference is a mismatch."""
+    bound = None
+    if "dense2" in records:
+        records["dense2"]["equality"] = compare(records["dense"], records["dense2"], requests)
+        bound = tie_bound(records["dense2"]["equality"])
     for name, run in records.items():
         if name.endswith("_covering"):
-            run["equality"] = compare(records["dense"], run, requests)
+            run["equality"] = compare(records["dense"], run, requests, bound)
             run["mismatches"] += run["equality"]["token_mismatches"]
     return records
 
 
 def run_equality(model: str, backends: list[str], requests: list[SoakRequest], log_dir, dense_backend: str = "CPU_ATTN",
-                 workers: int = 1, **kw) -> dict:  # fmt: skip
+                 workers: int = 1, second_dense: str | None = None, **kw) -> dict:  # fmt: skip
     """Dense against each sparse backend at a covering budget, tokens compared per request."""
-    return add_equality(
-        run_jobs(equality_jobs(model, backends, requests, log_dir, dense_backend, **kw), workers), requests
-    )
+    jobs = equality_jobs(model, backends, requests, log_dir, dense_backend, second_dense, **kw)
+    return add_equality(run_jobs(jobs, workers), [j for j in jobs if j["name"] == "dense"][0]["requests"])
 
 
 def summary(record: dict) -> dict:
     """The numbers of a run without its per-request outcomes."""
     keys = ("name", "requests", "completed", "aborted", "errors", "hangs", "mismatches", "preemptions",
-            "prefix_cache_hit_requests", "prefix_cache_hit_tokens", "stop_finishes", "wall_s", "start_s", "peak_rss_mb")  # fmt: skip
+            "prefix_cache_hit_requests", "prefix_cache_hit_tokens", "stop_finishes", "wall_s", "start_s", "peak_rss_mb",
+            "gpu_used_peak_mb")  # fmt: skip
     s = {k: record.get(k) for k in keys}
     pc = record.get("page_counters") or {}
     s["meta_checked_pages"], s["meta_mismatched_pages"] = (
@@ -566,7 +703,8 @@ def summary(record: dict) -> dict:
     )
     s["attended_share"] = pc.get("attended_share")  # KV pages attended / pages dense attention reads
     if "equality" in record:
-        s["compared"] = record["equality"]["compared"]
+        eq = record["equality"]
+        s.update(compared=eq["compared"], token_mismatches=eq["token_mismatches"], near_ties=eq["near_ties"])
     return s
 
 
@@ -575,27 +713,44 @@ def summary(record: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def tiny_model() -> str:
+def tiny_model(gpu: bool = False) -> str:
+    """The random-weight test model; ``gpu``: head dim 128 and wide logits (``tests/tiny_model.py``)."""
     sys.path.insert(0, str(REPO / "tests"))
     from tiny_model import build_tiny_llama
 
     base = Path(os.environ.get("VLLM_SPARSE_CACHE") or Path.home() / ".cache" / "vllm-sparse")
+    if gpu:
+        return str(build_tiny_llama(base / "models" / "tiny-llama-soak-gpu", head_dim=128, lm_head_std=0.5))
     return str(build_tiny_llama(base / "models" / "tiny-llama-soak"))
+
+
+def without_logprobs(records: dict) -> dict:
+    """The records as written: per-request top logprobs dropped once compared (they are most of the bytes)."""
+    for rec in records.values():
+        for o in rec.get("outcomes", []):
+            o.pop("top_logprobs", None)
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("mode", choices=["run", "equal"], help="run: one backend; equal: dense vs covering budgets")
-    p.add_argument("--model", default="tiny", help="a model path or name; 'tiny': the random-weight test model")
-    p.add_argument("--backend", default="sparse_quest", help="run: the backend")
+    p.add_argument("mode", choices=["run", "equal"], help="run: backends at a budget; equal: dense vs covering budgets")
+    p.add_argument("--model", default="tiny",
+                   help="a model path or name; 'tiny': the random-weight test model; 'tiny-gpu': its GPU variant")  # fmt: skip
+    p.add_argument("--backend", default="sparse_quest", help="run: the backend, or several comma-separated")
     p.add_argument(
         "--backends",
         default="sparse_quest,sparse_twilight,sparse_quoka",
         help="equal: sparse backends, comma-separated",
     )
     p.add_argument("--dense-backend", default="CPU_ATTN", help="equal: the dense reference (FLASH_ATTN on GPUs)")
+    p.add_argument(
+        "--second-dense", help="equal: a second dense backend (FLASHINFER) whose differences set the near-tie bound"
+    )
+    p.add_argument("--sparse-prefill", action="store_true",
+                   help="run --budget real: every prefill chunk sparse (GPUs: past the cost model)")  # fmt: skip
     p.add_argument("--budget", choices=["real", "shipped", "covering"], default="real",
                    help="run: 'real' 25%% for short contexts, 'shipped' the model's config, 'covering' force_sparse")  # fmt: skip
     p.add_argument("--config", help="run: sparse_attention settings as JSON (overrides --budget)")
@@ -615,30 +770,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=400)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--kv-cache-bytes", type=int, default=7 << 20)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="per server (GPUs: several share one)")
     p.add_argument(
         "--no-enforce-eager", action="store_true", help="GPUs: CUDA graphs (the metadata check skips graphed steps)"
     )
     p.add_argument("--no-meta-check", action="store_true", help="do not set SPARSE_ATTENTION_CHECK_META=1")
     p.add_argument("--server-arg", action="append", default=[], help="extra server argument (repeat)")
-    p.add_argument("--parallel", type=int, default=1, help="equal: servers at a time (CPU: one core each)")
+    p.add_argument("--parallel", type=int, default=1, help="servers at a time (CPU: one core each)")
     p.add_argument("--log-dir", help="server logs and page counters (default: a temporary folder)")
     p.add_argument("--out", required=True, help="the JSON record")
     a = p.parse_args(argv)
 
-    model = tiny_model() if a.model == "tiny" else a.model
+    model = tiny_model(gpu=a.model == "tiny-gpu") if a.model in ("tiny", "tiny-gpu") else a.model
     lo, hi = (int(x) for x in a.token_range.split(","))
     reqs = make_requests(a.requests, a.seed, a.max_model_len, a.max_new, a.min_len, (lo, hi))
     opts = ServerOptions(a.dtype, a.max_model_len, a.block_size, a.max_num_batched_tokens, a.max_num_seqs,
-                         a.kv_cache_bytes, not a.no_enforce_eager, a.server_arg)  # fmt: skip
+                         a.kv_cache_bytes, not a.no_enforce_eager, a.server_arg, a.gpu_memory_utilization)  # fmt: skip
     log_dir = a.log_dir or tempfile.mkdtemp(prefix="soak-")
     kw = {"opts": opts, "concurrency": a.concurrency, "request_timeout": a.request_timeout, "seed": a.sampling_seed}
     if a.mode == "run":
-        cfg = json.loads(a.config) if a.config else {"real": real_config, "covering": covering_config}.get(
-            a.budget, lambda _: None)(a.backend)  # fmt: skip
-        records = {"run": run_soak(model, a.backend, cfg, reqs, log_dir, check_meta=not a.no_meta_check, **kw)}
+
+        def config(backend: str) -> dict | None:
+            if a.config:
+                return json.loads(a.config)
+            if a.budget == "real":
+                return real_config(backend, a.sparse_prefill)
+            return covering_config(backend) if a.budget == "covering" else None
+
+        jobs = [{"model": model, "backend": b, "sparse_cfg": config(b), "requests": reqs, "log_dir": log_dir,
+                 "check_meta": not a.no_meta_check, "name": f"{method_of(b) or b.lower()}_{a.budget}", **kw}
+                for b in a.backend.split(",")]  # fmt: skip
+        records = run_jobs(jobs, a.parallel)
     else:
-        records = run_equality(model, a.backends.split(","), reqs, log_dir, a.dense_backend, a.parallel, **kw)
-    Path(a.out).write_text(json.dumps(records, indent=1))
+        records = run_equality(model, a.backends.split(","), reqs, log_dir, a.dense_backend, a.parallel,
+                               a.second_dense, **kw)  # fmt: skip
+    Path(a.out).write_text(json.dumps(without_logprobs(records), indent=1))
     failed = False
     for rec in records.values():
         s = summary(rec)

@@ -33,9 +33,11 @@ from vllm_sparse.metadata.page_minmax import write_page_minmax  # noqa: E402
 from vllm_sparse.metadata.writer import write_kv_reference  # noqa: E402
 
 NUM_REQUESTS = 110
-BACKENDS = ["sparse_quest", "sparse_twilight"]  # covering and real budgets
-COVERING_ONLY = ["sparse_quoka"]  # covering budget (QuoKA keeps no page metadata)
-ORDER = ["twilight_covering", "twilight_real", "quest_covering", "quest_real", "dense", "quoka_covering"]
+META_BACKENDS = ["sparse_quest", "sparse_twilight"]  # methods with page metadata (checked against the keys)
+BACKENDS = META_BACKENDS + ["sparse_kascade", "sparse_compact"]  # covering and real budgets
+COVERING_ONLY = ["sparse_quoka"]  # covering budget (QuoKA's real budget is the engine tests')
+ORDER = ["twilight_covering", "twilight_real", "quest_covering", "quest_real", "kascade_covering", "kascade_real",
+         "compact_covering", "compact_real", "dense", "quoka_covering"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def test_the_stream_is_seeded_and_covers_every_kind():
 
 @pytest.fixture(scope="module")
 def slice_records(tiny_llama, tmp_path_factory):
-    """Six servers, two at a time, each on a core of its own: dense, three covering budgets, two
+    """Ten servers, two at a time, each on a core of its own: dense, five covering budgets, four
     real budgets, all over the same 110-request stream."""
     log_dir = tmp_path_factory.mktemp("soak")
     reqs = soak.make_requests(NUM_REQUESTS, 0, soak.ServerOptions().max_model_len)
@@ -135,8 +137,8 @@ def slice_records(tiny_llama, tmp_path_factory):
         {**common, "backend": b, "sparse_cfg": soak.real_config(b), "name": f"{soak.method_of(b)}_real"}
         for b in BACKENDS
     ]
-    for j in jobs:  # QuoKA keeps no metadata slots: a smaller cache, as few tokens as Quest's, so it preempts too
-        if j["backend"] == "sparse_quoka":
+    for j in jobs:  # no metadata slots: a smaller cache, as few tokens as Quest's, so it preempts too
+        if j["backend"] not in META_BACKENDS + ["CPU_ATTN"]:
             j["opts"] = soak.ServerOptions(kv_cache_bytes=5 << 20)
     jobs.sort(key=lambda j: ORDER.index(j["name"]))  # the slowest first: two servers at a time finish together
     records = soak.add_equality(soak.run_jobs(jobs, workers=2), reqs)
@@ -167,7 +169,7 @@ def test_covering_budget_gives_dense_tokens_under_load(slice_records, backend):
     ), run["equality"]
     pc = run["page_counters"]
     assert pc["sparse_rows"] > 0 and pc["attended_pages"] == pc["dense_pages"], pc  # the selection path, every page
-    if backend in BACKENDS:  # methods with page metadata
+    if backend in META_BACKENDS:
         assert pc["meta_checked_pages"] > 0 and pc["meta_mismatched_pages"] == 0, pc
     assert run["preemptions"] >= 1 and run["prefix_cache_hit_requests"] >= 1
 
@@ -186,5 +188,69 @@ def test_real_budget_completes_everything_with_exact_page_metadata(slice_records
     assert rec["prefix_cache_hit_requests"] >= 1 and rec["prefix_cache_hit_tokens"] > 0, rec["metrics"]
     pc = rec["page_counters"]
     assert pc["sparse_rows"] > 0 and pc["attended_pages"] < pc["dense_pages"], pc  # pages really skipped
-    assert pc["meta_checked_pages"] > 0 and pc["meta_mismatched_pages"] == 0, pc
+    if backend in META_BACKENDS:
+        assert pc["meta_checked_pages"] > 0 and pc["meta_mismatched_pages"] == 0, pc
     assert rec["log_findings"]["meta_mismatch_lines"] == []
+
+
+# --------------------------------------------------------------------------------------------
+# Equality with near-ties (GPUs), stream parsing, configs for every method
+# --------------------------------------------------------------------------------------------
+
+
+def _outcome(idx: int, tokens: list[int], tops: list[dict] | None = None) -> dict:
+    return {"idx": idx, "status": "completed", "tokens": [tokens], "top_logprobs": [tops] if tops else []}
+
+
+def test_near_ties_are_told_from_errors_by_the_reference_logprobs():
+    reqs = [soak.SoakRequest(i, [1, 2], 4, False) for i in range(3)]
+    tops = [{"5": -0.1, "6": -0.2}, {"7": -0.01, "8": -3.0}]  # position 0: a near-tie; position 1: not
+    ref = {"outcomes": [_outcome(0, [5, 7], tops), _outcome(1, [5, 7], tops), _outcome(2, [5, 7], tops)]}
+    run = {"outcomes": [_outcome(0, [6, 7]), _outcome(1, [5, 8]), _outcome(2, [5, 7])]}
+    exact = soak.compare(ref, run, reqs)
+    assert exact["token_mismatches"] == 2 and exact["near_ties"] == 0 and exact["max_ref_gap_at_divergence"] == 2.99
+    tied = soak.compare(ref, run, reqs, tie_bound=0.26)
+    assert tied["token_mismatches"] == 1 and tied["near_ties"] == 1 and tied["examples"][0]["idx"] == 1
+    # a run's token outside the reference's top logprobs is never a near-tie
+    far = soak.compare(ref, {"outcomes": [_outcome(0, [9, 7])]}, reqs, tie_bound=100.0)
+    assert far["token_mismatches"] == 1 and far["max_ref_gap_at_divergence"] is None
+    assert soak.tie_bound(exact) == 2 * 2.99 + 0.01 and soak.tie_bound(far) == soak.NEAR_TIE
+
+
+def test_a_second_dense_run_sets_the_tie_bound_and_every_greedy_request_asks_for_logprobs():
+    reqs = soak.make_requests(40, 0, 1024)
+    eq = soak.equality_requests(reqs, near_ties=True)
+    assert all(r.abort_after is None for r in eq)
+    assert all(r.logprobs == soak.TIE_LOGPROBS for r in eq if r.n == 1)
+    jobs = soak.equality_jobs("m", ["sparse_quest"], reqs, "/tmp", "FLASH_ATTN", second_dense="FLASHINFER")
+    assert [(j["name"], j["backend"]) for j in jobs] == [
+        ("dense", "FLASH_ATTN"), ("dense2", "FLASHINFER"), ("quest_covering", "sparse_quest")]  # fmt: skip
+    assert [j["name"] for j in soak.equality_jobs("m", ["sparse_quest"], reqs, "/tmp")] == ["dense", "quest_covering"]
+
+
+def test_stream_lines_split_at_newlines_only():
+    import asyncio
+
+    class Response:
+        async def aiter_bytes(self):
+            for part in (b'data: {"t": "a\xe2\x80\xa8b\xc2\x85', b'c"}\r\n\r\ndata: [DO', b"NE]\n"):
+                yield part
+
+    async def lines():
+        return [x async for x in soak._sse_lines(Response())]
+
+    got = asyncio.run(lines())
+    assert got == ['data: {"t": "a\u2028b\x85c"}', "", "data: [DONE]"]
+    assert json.loads(got[0][len("data: ") :])["t"] == "a\u2028b\x85c"
+
+
+@pytest.mark.parametrize("method", ["quoka", "quest", "twilight", "kascade", "compact"])
+def test_covering_and_real_configs_are_valid_for_every_method(method):
+    from vllm_sparse.config import resolve_config
+
+    for cfg in (soak.covering_config(f"sparse_{method}"), soak.real_config(f"sparse_{method}", sparse_prefill=True)):
+        resolved = resolve_config(method, None, {"sparse_attention": cfg}, {}).config
+        assert resolved.model_reasons(4, 2) == []
+        if method == "compact":  # prefill-only: no sparse_decode key at all
+            assert "sparse_decode" not in cfg and resolved.compact.engine_reasons(resolved.sparse_decode, 8, 2) == []
+    assert soak.covering_config(f"sparse_{method}")["force_sparse"] is True

@@ -14,8 +14,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_llama(path: Path, num_layers: int = 4, seed: int = 0) -> Path:
-    """Write config, random weights (fp32, std 0.05) and tokenizer to ``path``; reuse if present."""
+def build_tiny_llama(
+    path: Path, num_layers: int = 4, seed: int = 0, head_dim: int = 64, lm_head_std: float = 0.05
+) -> Path:
+    """Write config, random weights (fp32, std 0.05) and tokenizer to ``path``; reuse if present.
+
+    ``head_dim`` 128 and ``lm_head_std`` 0.5 make a GPU model (FA3 and FlashInfer both run head dim
+    128; wide logits keep greedy choices off near-ties in fp16, as ``benchmarks/e2e_gpu.py``'s)."""
     path = Path(path)
     if (path / "done").exists():
         return path
@@ -46,7 +51,7 @@ def build_tiny_llama(path: Path, num_layers: int = 4, seed: int = 0) -> Path:
         num_hidden_layers=num_layers,
         num_attention_heads=8,
         num_key_value_heads=2,
-        head_dim=64,
+        head_dim=head_dim,
         max_position_embeddings=8192,
         bos_token_id=vocab["<s>"],
         eos_token_id=vocab["</s>"],
@@ -55,9 +60,10 @@ def build_tiny_llama(path: Path, num_layers: int = 4, seed: int = 0) -> Path:
     )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.05)
+                p.normal_(0.0, lm_head_std if name.startswith("lm_head") else 0.05)
     model.save_pretrained(path, safe_serialization=True)
-    (path / "done").write_text(json.dumps({"layers": num_layers, "seed": seed}))
+    (path / "done").write_text(json.dumps({"layers": num_layers, "seed": seed, "head_dim": head_dim,
+                                           "lm_head_std": lm_head_std}))  # fmt: skip
     return path

@@ -102,6 +102,19 @@ def test_selection_path_with_every_page_matches_dense(results, mode, method):
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_async_scheduling_is_on_and_exact_and_so_is_sync(results, mode):
+    """vLLM 0.33 schedules asynchronously on GPUs by default (the next step is scheduled before the
+    last one's tokens are back, so the builder must plan from exact lengths): every forced run above
+    ran so and matched dense; Quest forced with ``async_scheduling=False`` matches dense too."""
+    runs = results["runs"]
+    assert all(runs[f"{mode}_forced_{m}"]["async_scheduling"] for m in e2e_gpu.FORCED_METHODS)
+    sync = runs[f"{mode}_forced_quest_sync"]
+    assert sync.get("ok"), sync.get("error") or sync.get("log_tail")
+    assert sync["async_scheduling"] is False and sync["sparse_stats"]["sparse_rows"] > 0
+    _matches_dense(results["summary"], mode, "forced_quest_sync")
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_full_budget_runs_dense_and_real_budget_skips_pages(results, mode):
     """Counters over prefill and decode rows (decode rows counted by the metadata builder, since a
     replayed CUDA graph runs no Python)."""
