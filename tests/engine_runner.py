@@ -3,7 +3,7 @@
     python tests/engine_runner.py SPEC.json OUT.json
 
 SPEC: {"model": PATH, "runs": [RUN, ...]} with RUN keys:
-    name, backend, additional_config (optional), dtype ("float32"), block_size (32),
+    name, backend, additional_config (optional), speculative_config (optional), dtype ("float32"), block_size (32),
     max_num_batched_tokens (100), max_tokens (64), batches ([[token ids, ...], ...]: each inner
     list of prompts is one generate() call, so later batches can hit the prefix cache).
 OUT: {name: {"ok": bool, "error": str, "tokens": [[...] per prompt, per batch], "cached": [[prompt
@@ -41,6 +41,7 @@ def run_one(model: str, run: dict) -> dict:
             gpu_memory_utilization=0.5,
             kv_cache_memory_bytes=run.get("kv_cache_memory_bytes", 1 << 28),
             seed=0,
+            **({"speculative_config": run["speculative_config"]} if run.get("speculative_config") else {}),
         )
     except Exception as e:  # engine start failure: the reasons are on stderr
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}

@@ -126,6 +126,12 @@ def bad_start_log(tiny_llama, run_engines):
                 "batches": [[[1, 2, 3]]],
             },
             {"name": "kascade_uncalibrated", "backend": "sparse_kascade", "batches": [[[1, 2, 3]]]},
+            {
+                "name": "speculative_ngram",
+                "backend": "sparse_quest",
+                "speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+                "batches": [[[1, 2, 3]]],
+            },
         ],
     }
     return run_engines(spec)
@@ -148,3 +154,11 @@ def test_uncalibrated_kascade_fails_at_start_saying_how_to_calibrate(bad_start_l
     results, log = bad_start_log
     assert not results["kascade_uncalibrated"]["ok"]
     assert "no calibrated anchor layers for this model" in log and "vllm-sparse calibrate" in log
+
+
+def test_speculative_decoding_refused_at_start_with_the_reason(bad_start_log):
+    """vLLM accepts an ngram speculative config with this backend; the plugin refuses the engine at
+    start, since sparse decode rows are planned from exact lengths (issue 15, item 3)."""
+    results, log = bad_start_log
+    assert not results["speculative_ngram"]["ok"]
+    assert "speculative decoding is not supported: sparse decode rows are planned from exact" in log
