@@ -68,12 +68,15 @@ REAL_BUDGET = {
         "quoka": {"num_queries": 16},
     }
 }
-FORCED_METHODS = ("quoka", "quest", "twilight", "compact")
+FORCED_METHODS = ("quoka", "quest", "twilight", "compact", "kascade")
 
 
 def forced_sparse(method: str) -> dict:
     """FORCED_SPARSE for ``method``; Compact keeps every block with a threshold of 0 and decodes
-    dense (it refuses ``sparse_decode: true``: the method is prefill-only)."""
+    dense (it refuses ``sparse_decode: true``: the method is prefill-only); Kascade scores at
+    layers 0 and 2 of the 4-layer model (no calibration on random weights)."""
+    if method == "kascade":
+        return {"sparse_attention": {**FORCED_SPARSE["sparse_attention"], "kascade": {"anchors": [0, 2]}}}
     if method != "compact":
         return FORCED_SPARSE
     cfg = {k: v for k, v in FORCED_SPARSE["sparse_attention"].items() if k != "sparse_decode"}

@@ -471,3 +471,74 @@ def test_twilight_select_decode_matches_twins(group, top_p):
         want_set = set(want[r, : int(want_counts[r])].tolist())
         assert len(got_set ^ want_set) <= 1, (r, got_set, want_set)  # float sums may move the boundary
         assert len(got_set) == int(counts[r]) and got_set <= set(cand[r, : int(cand_counts[r])].tolist())
+
+
+@in_process
+@pytest.mark.parametrize("programs", [1, 3, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kascade_anchor_decode_mass_matches_twin(programs, dtype):
+    """Kascade's decode anchor mass (two passes, lengths from the columns) equals the twin on every
+    row's past pages: rows of different lengths, one shorter than a page and a padding row (0)."""
+    from vllm_sparse.kernels.anchor_mass_decode import anchor_decode_mass, anchor_decode_mass_triton
+
+    seq_lens = [230, 0, 3, 97, 181]
+    batch = _cache([max(s, 1) for s in seq_lens], dtype=dtype, seed=21)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    cfg = SparseConfig(method="kascade", dense_below_tokens=0, budget=BUDGET, kascade={"anchors": [0, 1]})
+    policy = cfg.for_layer(1)
+    cols = torch.from_numpy(DecodeColumns([policy], N, 8, 256, "cpu").write(np.array(seq_lens), batch.block_table)
+                            .host_columns[policy])  # fmt: skip
+    query = randn(len(seq_lens), HKV * G, D, g=gen(5), dtype=dtype) * 2
+    page_keys = layout.page_keys(batch.kv_cache)
+    cap = 256 // N + 1
+    out = torch.full((8 * HKV, cap), 7.0, device=DEVICE)  # a persistent buffer wider than the step
+    got = anchor_decode_mass_triton(
+        query.to(DEVICE), page_keys.to(DEVICE), batch.block_table.to(DEVICE), cols.to(DEVICE), HKV,
+        layout.num_head_slots, D**-0.5, out, programs=programs,
+    ).cpu()  # fmt: skip
+    assert got.shape == (len(seq_lens) * HKV, cap) and got.data_ptr() == out.cpu().data_ptr() or DEVICE == "cuda"
+    want = anchor_decode_mass(query.float(), page_keys.float(), batch.block_table, seq_lens, HKV,
+                              layout.num_head_slots, D**-0.5, cap)  # fmt: skip
+    # float32 on CUDA: the products run in TF32 (10-bit mantissa; measured up to 0.3% on an H100)
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3 if DEVICE == "cuda" else 1e-5
+    for r in range(len(seq_lens) * HKV):
+        past = max(seq_lens[r // HKV] - 1, 0) // N
+        torch.testing.assert_close(got[r, :past], want[r, :past], rtol=tol, atol=tol)
+        if past:  # a softmax's share: at most 1 over the past pages
+            assert float(got[r, :past].sum()) <= 1 + 1e-4
+
+
+@in_process
+@pytest.mark.parametrize("head_map", [None, {1: [1, 0]}])
+def test_kascade_select_decode_matches_host_planned_selection(head_map):
+    """An anchor layer scores the decode rows on the device; it and a reuse layer (with a head map)
+    then pick the pages the host-planned selector picks from the same anchor."""
+    seq_lens = [230, 60, 5, 181]
+    kascade = {"anchors": [0, 2], **({"head_map": head_map} if head_map else {})}
+    cfg = SparseConfig(method="kascade", dense_below_tokens=16, sink_tokens=4, local_tokens=12, budget=BUDGET,
+                       kascade=kascade)  # fmt: skip
+    batch = _cache(seq_lens, seed=13)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    page_keys = layout.page_keys(batch.kv_cache)
+    query = randn(len(seq_lens), HKV * G, D, g=gen(4)) * 2
+    base = make_selector(cfg, D**-0.5)
+    anchor, reuse = base.for_layer(0, 4), base.for_layer(1, 4)
+    policy = cfg.for_layer(1)
+    plan = plan_step(policy, N, list(range(len(seq_lens) + 1)), seq_lens)
+    anchor.observe(query, page_keys, batch.block_table, layout, plan)
+    want = reuse(query, page_keys, batch.block_table, layout, plan)
+
+    cols = DecodeColumns([cfg.for_layer(0), policy], N, 8, 512, "cpu", num_kv_heads=HKV, anchor_scores=True)
+    step = cols.write(np.array(seq_lens), batch.block_table)
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    step = type(step)(**{**step.__dict__, "block_table": dev(step.block_table), "anchor": dev(step.anchor),
+                         "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+    q, keys = query.to(DEVICE), page_keys.to(DEVICE)
+    anchor.observe_decode(q, keys, layout, step)
+    reuse.observe_decode(q, keys, layout, step)  # not an anchor: leaves the scores alone
+    pages, counts = reuse.select_decode(q, keys, layout, None, step, policy)
+    pages, counts = pages.cpu(), counts.cpu()
+    assert torch.equal(counts, want.counts)
+    for r in range(len(seq_lens) * HKV):
+        got_set = set(pages[r, : int(counts[r])].tolist())
+        assert got_set == set(want.indices[r, : int(want.counts[r])].tolist()), r

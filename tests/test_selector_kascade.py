@@ -140,8 +140,10 @@ def test_config_reasons():
         assert needle in text, (needle, text)
 
 
-def test_decodes_run_host_planned_on_gpus(monkeypatch):
-    """Kascade has no device decode path: its engines declare no full CUDA graphs and decode eagerly."""
+def test_decodes_take_the_device_path_on_gpus(monkeypatch):
+    """Kascade decodes on the device-driven path (full CUDA graphs for decode batches), unless the
+    config asks for the torch reference executor; its anchors then hand their scores on through
+    the step's anchor buffer (tests/test_decode_path.py)."""
     from types import SimpleNamespace
 
     from vllm_sparse.backend import metadata
@@ -149,14 +151,17 @@ def test_decodes_run_host_planned_on_gpus(monkeypatch):
     monkeypatch.setattr(metadata.current_platform, "is_cpu", lambda: False)
     monkeypatch.setattr(metadata.importlib.util, "find_spec", lambda name: object())
 
-    def engine(name):
+    def engine(name, extra=None):
         backend = SimpleNamespace(name=name)
         return SimpleNamespace(
-            attention_config=SimpleNamespace(backend=backend), additional_config={}, model_config=None
+            attention_config=SimpleNamespace(backend=backend), additional_config=extra or {}, model_config=None
         )
 
-    assert not metadata.device_decode_supported(engine("SPARSE_KASCADE"))
+    anchors = {"sparse_attention": {"kascade": {"anchors": [0, 2]}}}
+    assert metadata.device_decode_supported(engine("SPARSE_KASCADE", anchors))
     assert metadata.device_decode_supported(engine("SPARSE_QUEST"))
+    reference = {"sparse_attention": {"kascade": {"anchors": [0, 2]}, "executor": "reference"}}
+    assert not metadata.device_decode_supported(engine("SPARSE_KASCADE", reference))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class DecodeStep:
         no_pages, no_counts: ``int32 [B * Hkv, 1]`` and ``int32 [B * Hkv]`` zeros (views of
             persistent buffers): the selection of layers that decode dense, so that those layers
             launch no fill kernels of their own.
+        anchor: ``float32 [B * Hkv, P_cap]`` (a view of a persistent buffer) where an anchor layer
+            leaves its page scores for the layers up to the next anchor (Kascade), or None.
     """
 
     num_reqs: int
@@ -53,6 +55,7 @@ class DecodeStep:
     select_caps: dict[LayerPolicy, int]
     no_pages: torch.Tensor | None = None
     no_counts: torch.Tensor | None = None
+    anchor: torch.Tensor | None = None
 
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
@@ -71,6 +74,9 @@ class DecodeColumns:
     so, so the captured graphs stay the same and their selection kernels find nothing to select.
     It applies to the policies whose decode is decided by cost (``LayerPolicy.decode_by_cost``:
     the config leaves ``sparse_decode`` to the method), not to those that ask for sparse decode.
+
+    ``anchor_scores``: also keep a ``float32 [max_reqs * Hkv, P_cap]`` buffer of page scores that
+    layers of a step hand on to later layers (Kascade's anchors; ``DecodeStep.anchor``).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class DecodeColumns:
         device: torch.device,
         min_sparse_tokens: int = 0,
         num_kv_heads: int = 1,
+        anchor_scores: bool = False,
     ):
         self.policies = list(dict.fromkeys(policies))
         self.page_size = page_size
@@ -96,6 +103,9 @@ class DecodeColumns:
         self.num_kv_heads = num_kv_heads
         self._no_pages = torch.zeros(max_reqs * num_kv_heads, 1, dtype=torch.int32, device=device)
         self._no_counts = torch.zeros(max_reqs * num_kv_heads, dtype=torch.int32, device=device)
+        self._anchor = None
+        if anchor_scores:
+            self._anchor = torch.zeros(max_reqs * num_kv_heads, self.page_cap, dtype=torch.float32, device=device)
 
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
@@ -131,4 +141,5 @@ class DecodeColumns:
             select_caps=self.select_caps,
             no_pages=self._no_pages[: b * self.num_kv_heads],
             no_counts=self._no_counts[: b * self.num_kv_heads],
+            anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
         )

@@ -39,6 +39,7 @@ CONFIGS = {
     "quoka_sparse": {"sparse_decode": True},
     "quoka_dense": {},  # QuoKA's default: decodes dense
     "quest_dense_layer": {"dense_layers": [1]},
+    "kascade": {"kascade": {"anchors": [0, 1]}},  # layer 1 an anchor: it scores, then selects by its scores
 }
 
 
@@ -51,12 +52,15 @@ class DecodeLayer:
         self.cfg = SparseConfig(method=method, **CONFIGS[name])
         self.policy = self.cfg.for_layer(1)
         self.selector = make_selector(self.cfg, SCALE)
+        if hasattr(self.selector, "for_layer"):  # Kascade: bound to its layer (an anchor here)
+            self.selector = self.selector.for_layer(1, 4)
         planes = MetaPlanes.for_method(method, HKV, N, D, torch.bfloat16)
         slots = HKV + (planes.num_slots if planes else 0)
         self.cache = torch.randn(num_blocks, slots, N, 2 * D, device=DEV).bfloat16()
         self.layout = PageLayout.of(self.cache, HKV, "interleaved")
         self.meta = planes.views(self.cache) if planes else None
-        self.columns = DecodeColumns([self.policy], N, 16, MAX_LEN, DEV, num_kv_heads=HKV)
+        self.columns = DecodeColumns([self.policy], N, 16, MAX_LEN, DEV, num_kv_heads=HKV,
+                                     anchor_scores=method == "kascade")  # fmt: skip
         self.block_table = torch.zeros(B, MAX_LEN // N, dtype=torch.int32, device=DEV)
         self.query = torch.zeros(B, HQ, D, device=DEV, dtype=torch.bfloat16)
         self.key = torch.zeros(B, HKV, D, device=DEV, dtype=torch.bfloat16)
@@ -93,6 +97,9 @@ class DecodeLayer:
         layout = self.layout
         write_decode_step_triton(layout, self.cache, self.meta, self.key, self.value, self.slots)  # one launch
         step = self.step
+        observe = getattr(self.selector, "observe_decode", None)
+        if observe is not None:  # Kascade's anchor scores, as the impl runs it before selecting
+            observe(self.query, layout.page_keys(self.cache), layout, step)
         if step.selects(self.policy):
             pages, counts = self.selector.select_decode(
                 self.query, layout.page_keys(self.cache), layout, self.meta, step, self.policy

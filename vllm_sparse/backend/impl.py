@@ -267,6 +267,9 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
 
         b, layout = decode.num_reqs, views.layout
         rows = b * layout.num_kv_heads
+        observe = getattr(self.selector, "observe_decode", None)
+        if observe is not None:  # every layer, dense or sparse (Kascade: anchor layers score)
+            observe(query, views.page_keys, layout, decode)
         if decode.selects(self.policy):
             pages, counts = self.selector.select_decode(query, views.page_keys, layout, views.meta, decode, self.policy)
         elif decode.no_counts is not None and decode.no_counts.shape[0] == rows:

@@ -120,7 +120,7 @@ def device_decode_supported(vllm_config) -> bool:
     if not name.startswith("SPARSE_"):
         return True
     if name[len("SPARSE_") :].lower() not in DEVICE_DECODE_METHODS:
-        return False  # (Kascade: its decodes run host-planned, eager)
+        return False
     try:
         return load_config(name[len("SPARSE_") :].lower(), vllm_config).config.executor != "reference"
     except Exception:  # noqa: BLE001  (invalid configs are reported at engine start, not here)
@@ -166,6 +166,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 device,
                 min_sparse_tokens=min_sparse_decode,
                 num_kv_heads=self._num_kv_heads,
+                anchor_scores=impls[0][1].method == "kascade",
             )
 
     @staticmethod

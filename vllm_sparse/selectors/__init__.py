@@ -12,8 +12,8 @@ from vllm_sparse.selectors.twilight import TwilightSelector
 
 IMPLEMENTED_METHODS = ("quoka", "quest", "twilight", "kascade", "compact")
 #: methods whose decodes run the device decode path (``Selector.select_decode``, full CUDA graphs on
-#: GPUs; compact's always dense there); the others decode through the host-planned path (eager)
-DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight", "compact")
+#: GPUs; compact's always dense there); a method not listed decodes through the host-planned path (eager)
+DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight", "compact", "kascade")
 
 
 def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:

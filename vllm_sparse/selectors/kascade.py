@@ -150,7 +150,34 @@ class KascadeSelector:
             sel.counts[rows] = req.num_select
         return sel
 
+    def observe_decode(self, query: torch.Tensor, page_keys: torch.Tensor, layout: PageLayout,
+                       step: DecodeStep) -> None:  # fmt: skip
+        """Every layer of a decode block on the device path, before it attends (sparse or dense): an
+        anchor layer writes the anchor mass of every decode row into ``step.anchor`` (``query
+        [>= B, Hq, D]``; ``kernels.anchor_mass_decode``); other layers do nothing. No host sync."""
+        if not self.is_anchor:
+            return
+        if step.anchor is None:
+            raise RuntimeError(
+                "sparse_kascade: the decode step has no anchor buffer (DecodeColumns(anchor_scores=True))"
+            )
+        from vllm_sparse.kernels.anchor_mass_decode import anchor_decode_mass_triton
+
+        cols = next(iter(step.columns.values()))  # TOTAL, LAST and PAST: the same for every policy
+        scale = self.scale or query.shape[-1] ** -0.5
+        anchor_decode_mass_triton(query[: step.num_reqs], page_keys, step.block_table, cols,
+                                  layout.num_kv_heads, layout.num_head_slots, scale, step.anchor)  # fmt: skip
+
     def select_decode(self, query: torch.Tensor, page_keys: torch.Tensor, layout: PageLayout,
                       meta: PageMeta | None, step: DecodeStep, policy: LayerPolicy):  # fmt: skip
-        """Not available: Kascade's decodes run host-planned (``selectors.DEVICE_DECODE_METHODS``)."""
-        raise NotImplementedError("sparse_kascade has no device decode path yet; its decodes run host-planned")
+        """See ``selectors.base.Selector.select_decode``: the best ``SELECT`` pages of each row's
+        ``[HEAD, TAIL)`` by the step's anchor mass (``observe_decode`` of the layer's anchor), KV
+        head ``h`` reading the anchor's head ``head_map[h]``."""
+        from vllm_sparse.kernels.page_topk import select_top_pages_triton
+
+        hkv, b = layout.num_kv_heads, step.num_reqs
+        scores = step.anchor
+        heads = self._heads(scores.device)
+        if heads is not None:  # reuse KV head h reads anchor head head_map[h]
+            scores = scores.view(b, hkv, -1).index_select(1, heads).reshape(b * hkv, -1)
+        return select_top_pages_triton(scores, step.columns[policy], hkv, step.select_caps[policy])
