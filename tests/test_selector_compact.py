@@ -13,7 +13,12 @@ import math
 import pytest
 import torch
 from helpers import brute_attention, gen, make_paged_batch, query_start_loc, randn, single_thread  # noqa: F401
-from method_engine import check_covering_gives_dense, check_real_completes_sparse, run_method_engines
+from method_engine import (
+    check_covering_gives_dense,
+    check_fast_executor_gives_reference_tokens,
+    check_real_completes_sparse,
+    run_method_engines,
+)
 
 from vllm_sparse import stats
 from vllm_sparse.config import SparseConfig
@@ -348,6 +353,11 @@ def test_engine_real_threshold_skips_pages_and_completes(engine_results):
     for layer in unions.values():
         sparsity = [layer[k]["sparsity"] for k in ("tiles", "heads", "groups")]
         assert sparsity[0] >= sparsity[1] >= sparsity[2] > 0.3, unions
+
+
+@pytest.mark.engine
+def test_engine_fast_executor_gives_the_reference_executors_tokens(engine_results):
+    check_fast_executor_gives_reference_tokens(engine_results)
 
 
 @pytest.mark.engine

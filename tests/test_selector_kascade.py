@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import brute_attention, gen, make_paged_batch, query_start_loc, randn, single_thread  # noqa: F401
-from method_engine import check_covering_gives_dense, check_real_completes_sparse, run_method_engines
+from method_engine import (
+    check_covering_gives_dense,
+    check_fast_executor_gives_reference_tokens,
+    check_real_completes_sparse,
+    run_method_engines,
+)
 
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.executors import reference_executor
@@ -184,6 +189,11 @@ def engine_results(tiny_llama, run_engines):
 @pytest.mark.engine
 def test_engine_covering_budget_gives_dense_tokens(engine_results):
     check_covering_gives_dense(engine_results, GEN_TOKENS)
+
+
+@pytest.mark.engine
+def test_engine_fast_executor_gives_the_reference_executors_tokens(engine_results):
+    check_fast_executor_gives_reference_tokens(engine_results)
 
 
 @pytest.mark.engine
