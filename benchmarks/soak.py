@@ -47,6 +47,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_gpu import NEAR_TIE, ref_gap  # noqa: E402, F401  (the e2e test's near-tie rule; NEAR_TIE re-exported)
+from e2e_gpu import tie_bound as dense_tie_bound  # noqa: E402
 
 # Budgets per method. ``covering``: every page through the selection path (tests/test_engine.py's
 # FORCED); Twilight keeps every candidate and a top-p that keeps them all. ``real``: the engine
@@ -550,9 +554,6 @@ def run_soak(
     return record
 
 
-# Two dense kernels that round differently part where the reference's top logprobs are within a
-# few ulps (tests/gpu/test_vllm_e2e_gpu.py: FLASH_ATTN against FLASHINFER on the e2e model in fp16).
-NEAR_TIE = 0.26
 TIE_LOGPROBS = 5  # top logprobs asked for with every greedy request of an equality run that allows near-ties
 
 
@@ -562,9 +563,7 @@ def _ref_gap(ref: dict, a: list[int], b: list[int], first: int) -> float | None:
     tops = ref.get("top_logprobs") or []
     if not tops or first >= min(len(a), len(b)) or first >= len(tops[0]):
         return None
-    top = tops[0][first]
-    own, other = top.get(str(a[first])), top.get(str(b[first]))
-    return None if own is None or other is None else round(own - other, 4)
+    return ref_gap(tops[0][first], a[first], b[first])
 
 
 def compare(reference: dict, run: dict, requests: list[SoakRequest], tie_bound: float | None = None) -> dict:
@@ -601,9 +600,9 @@ def compare(reference: dict, run: dict, requests: list[SoakRequest], tie_bound: 
 
 
 def tie_bound(dense_vs_dense: dict) -> float:
-    """The near-tie bound of an equality run: twice the largest gap at which its two dense
-    backends part, at least ``NEAR_TIE`` (a part outside the reference's top logprobs: ``NEAR_TIE``)."""
-    return max(NEAR_TIE, 2 * (dense_vs_dense["max_ref_gap_at_divergence"] or 0.0) + 0.01)
+    """The near-tie bound of an equality run from its two dense runs' ``compare``
+    (``e2e_gpu.tie_bound``; a part outside the reference's top logprobs: ``NEAR_TIE``)."""
+    return dense_tie_bound(dense_vs_dense["max_ref_gap_at_divergence"])
 
 
 def run_jobs(jobs: list[dict], workers: int = 1) -> dict:
@@ -687,7 +686,7 @@ def run_equality(model: str, backends: list[str], requests: list[SoakRequest], l
                  workers: int = 1, second_dense: str | None = None, **kw) -> dict:  # fmt: skip
     """Dense against each sparse backend at a covering budget, tokens compared per request."""
     jobs = equality_jobs(model, backends, requests, log_dir, dense_backend, second_dense, **kw)
-    return add_equality(run_jobs(jobs, workers), [j for j in jobs if j["name"] == "dense"][0]["requests"])
+    return add_equality(run_jobs(jobs, workers), jobs[0]["requests"])  # the dense job's (equality) stream
 
 
 def summary(record: dict) -> dict:
