@@ -227,9 +227,11 @@ def mean_of_passes(passes: list[dict]) -> dict:
 
 def run_backend(
     label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1,
-    chunk: int = 8192,
-) -> dict:
-    """One server for ``label`` (``BACKEND[+variant...]``), every load ``repeat`` times on it."""
+    chunk: int = 8192, variants_declared: dict[str, dict] | None = None,
+) -> dict:  # fmt: skip
+    """One server for ``label`` (``BACKEND[+variant...]``), every load ``repeat`` times on it. A variant is
+    ``sparse_decode`` or one of ``variants_declared`` (``--variant NAME JSON``: fields merged into the
+    sparse config)."""
     backend, *variants = label.split("+")
     cfg = None
     if backend.lower().startswith("sparse_"):
@@ -237,8 +239,10 @@ def run_backend(
         for v in variants:
             if v == "sparse_decode":
                 cfg["sparse_decode"] = True
+            elif v in (variants_declared or {}):
+                cfg.update(json.loads(json.dumps(variants_declared[v])))
             else:
-                raise SystemExit(f"unknown variant {v!r}")
+                raise SystemExit(f"unknown variant {v!r} (declare it with --variant {v} JSON)")
     tag = label.lower().replace("+", "_")
     log_path = out / f"server_{tag}.log"
     cmd = server_cmd(model, backend, port, cfg, chunk)
@@ -407,6 +411,8 @@ def main() -> None:
     r.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quest,sparse_twilight,sparse_quoka",
                    help="comma-separated LABEL[@load/load]: BACKEND[+sparse_decode], optionally its own loads")  # fmt: skip
     r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
+    r.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
+                   help="a label suffix +NAME whose JSON fields are merged into that server's sparse config")
     r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
     r.add_argument("--port", type=int, default=8123)
     r.add_argument("--chunk", type=int, default=8192, help="--max-num-batched-tokens of every server (chunked prefill)")
@@ -445,7 +451,7 @@ def main() -> None:
         doc["runs"][label] = run_backend(
             label, model, out, own_loads.split("/") if own_loads else loads, json.loads(args.sparse_config),
             args.port, t_start + args.deadline, args.repeat_baseline if label == "FLASH_ATTN" else args.repeat,
-            args.chunk,
+            args.chunk, dict((name, json.loads(fields)) for name, fields in args.variant),
         )
         doc["runs"][label]["wall_s"] = round(time.monotonic() - t0, 1)
         path.write_text(json.dumps(doc, indent=1))

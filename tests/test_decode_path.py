@@ -508,6 +508,15 @@ def test_kascade_anchor_decode_mass_matches_twin(programs, dtype):
             assert float(got[r, :past].sum()) <= 1 + 1e-4
 
 
+def _kascade_step(cfg: SparseConfig, policy, seq_lens: list[int], block_table: torch.Tensor):
+    """A decode step with an anchor buffer for layer 0's and ``policy``'s columns, on ``DEVICE``."""
+    cols = DecodeColumns([cfg.for_layer(0), policy], N, 8, 512, "cpu", num_kv_heads=HKV, anchor_scores=True)
+    step = cols.write(np.array(seq_lens), block_table)
+    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return type(step)(**{**step.__dict__, "block_table": dev(step.block_table), "anchor": dev(step.anchor),
+                         "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+
+
 @in_process
 @pytest.mark.parametrize("head_map", [None, {1: [1, 0]}])
 def test_kascade_select_decode_matches_host_planned_selection(head_map):
@@ -528,11 +537,7 @@ def test_kascade_select_decode_matches_host_planned_selection(head_map):
     anchor.observe(query, page_keys, batch.block_table, layout, plan)
     want = reuse(query, page_keys, batch.block_table, layout, plan)
 
-    cols = DecodeColumns([cfg.for_layer(0), policy], N, 8, 512, "cpu", num_kv_heads=HKV, anchor_scores=True)
-    step = cols.write(np.array(seq_lens), batch.block_table)
-    dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    step = type(step)(**{**step.__dict__, "block_table": dev(step.block_table), "anchor": dev(step.anchor),
-                         "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+    step = _kascade_step(cfg, policy, seq_lens, batch.block_table)
     q, keys = query.to(DEVICE), page_keys.to(DEVICE)
     anchor.observe_decode(q, keys, layout, step)
     reuse.observe_decode(q, keys, layout, step)  # not an anchor: leaves the scores alone
@@ -542,3 +547,41 @@ def test_kascade_select_decode_matches_host_planned_selection(head_map):
     for r in range(len(seq_lens) * HKV):
         got_set = set(pages[r, : int(counts[r])].tolist())
         assert got_set == set(want.indices[r, : int(want.counts[r])].tolist()), r
+
+
+@in_process
+def test_kascade_decode_selects_once_per_anchor():
+    """The layers that reuse one anchor share one top-k per step (``DecodeStep.anchor_pick``): a
+    reuse layer with a head map gathers its rows from it and still picks what the host-planned
+    selector picks from the mapped scores; the next anchor's layers select afresh."""
+    seq_lens = [230, 60, 181]
+    cfg = SparseConfig(method="kascade", dense_below_tokens=16, sink_tokens=4, local_tokens=12, budget=BUDGET,
+                       kascade={"anchors": [0, 3], "head_map": {2: [1, 0]}})  # fmt: skip
+    batch = _cache(seq_lens, seed=17)
+    layout = PageLayout.of(batch.kv_cache, HKV, "interleaved")
+    page_keys = layout.page_keys(batch.kv_cache)
+    query = randn(len(seq_lens), HKV * G, D, g=gen(6)) * 2
+    base = make_selector(cfg, D**-0.5)
+    layers = [base.for_layer(i, 5) for i in range(5)]
+    policy = cfg.for_layer(1)
+    assert all(cfg.for_layer(i) == policy for i in (1, 2, 3, 4))
+    plan = plan_step(policy, N, list(range(len(seq_lens) + 1)), seq_lens)
+
+    step = _kascade_step(cfg, policy, seq_lens, batch.block_table)
+    q, keys = query.to(DEVICE), page_keys.to(DEVICE)
+    picked = []
+    for i, layer in enumerate(layers[1:], start=1):
+        layer.observe(query, page_keys, batch.block_table, layout, plan)  # host-planned anchors (0 ran below)
+        if i == 1:
+            layers[0].observe(query, page_keys, batch.block_table, layout, plan)
+            layers[0].observe_decode(q, keys, layout, step)
+        layer.observe_decode(q, keys, layout, step)
+        want = layer(query, page_keys, batch.block_table, layout, plan)
+        pages, counts = (t.cpu() for t in layer.select_decode(q, keys, layout, None, step, policy))
+        picked.append((step.anchor_pick.layer, step.anchor_pick.pages.data_ptr()))
+        assert torch.equal(counts, want.counts), i
+        for r in range(len(seq_lens) * HKV):
+            got_set = set(pages[r, : int(counts[r])].tolist())
+            assert got_set == set(want.indices[r, : int(want.counts[r])].tolist()), (i, r)
+    assert [a for a, _ in picked] == [0, 0, 3, 3]
+    assert picked[0][1] == picked[1][1] and picked[2][1] == picked[3][1] != picked[0][1]

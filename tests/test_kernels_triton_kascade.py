@@ -38,3 +38,22 @@ def test_anchor_mass_matches_twin(c, ctx, hkv, group, n, dtype):
     assert got.shape == want.shape == (hkv, ctx // n)
     tol = 1e-5 if dtype == torch.float32 and not HAS_CUDA else 2e-2
     torch.testing.assert_close(got.cpu(), want, atol=tol * want.max().item(), rtol=tol)
+
+
+@in_process
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_anchor_mass_programs_walking_several_key_blocks_match_twin(steps):
+    """Pass 2 with each program walking ``steps`` key blocks (the last program partly past the end)
+    gives the twin's mass on every past page."""
+    g = gen(77 + steps)
+    hkv, group, n, d, c, ctx = 2, 2, 16, 32, 40, 300  # 18 past pages: 5 blocks of 4 pages
+    pages = -(-(ctx + c) // n)
+    page_keys = randn((pages + 2) * hkv, n, d, g=g)
+    page_ids = torch.randperm(pages + 2, generator=g)[:pages][None, :] * hkv + torch.arange(hkv)[:, None]
+    q = randn(c, hkv * group, d, g=g)
+    want = anchor_page_mass(q, page_keys, page_ids, ctx, d**-0.5, tile=32)
+    got = anchor_page_mass_triton(q.to(DEVICE), page_keys.to(DEVICE), page_ids.to(DEVICE), ctx, d**-0.5,
+                                  tile=32, steps=steps).cpu()  # fmt: skip
+    tol = 2e-2 if HAS_CUDA else 1e-5
+    assert got.shape == want.shape == (hkv, ctx // n)
+    torch.testing.assert_close(got, want, atol=tol * want.max().item(), rtol=tol)

@@ -233,7 +233,7 @@ class LayerOverride(_Strict):
 
 #: ``chunk_query_window`` of each method when the config leaves it unset (see the field); methods not
 #: listed score a prefill chunk's pages with every query of the chunk
-DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quoka": 64, "quest": 64, "twilight": 64}
+DEFAULT_CHUNK_QUERY_WINDOW: dict[str, int] = {"quest": 64, "twilight": 64}
 #: methods whose decode steps run dense when ``sparse_decode`` is unset (see the field)
 DENSE_DECODE = ("quoka", "compact")
 
@@ -262,9 +262,13 @@ class SparseConfig(_Strict):
     # of the chunk (the papers' rule); None: the method's default (``DEFAULT_CHUNK_QUERY_WINDOW``):
     # 64 for Twilight (its INT4 mass estimate over every query of an 8K chunk made TTFT at 128K 5x
     # slower than dense; with 64, faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json)
-    # and for QuoKA and Quest (the prompt's last chunk then selects for its question and answer prefix,
-    # whose last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and
-    # 16K, benchmarks/results/eval_qwen0.5b_cpu_query_window/), 0 for the others.
+    # and for Quest (the prompt's last chunk then selects for its question and answer prefix, whose
+    # last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and 16K,
+    # benchmarks/results/eval_qwen0.5b_cpu_query_window/; on the 1.5B at 32K every query ties with it),
+    # 0 for the others. QuoKA scores with every query (its paper's rule): it subselects 64 of them
+    # anyway, so this costs one pass over the chunk's queries (its TTFT at 128K on an H100: 5.05 s;
+    # 5.07 s with 64 in an earlier run), and on the 1.5B at 32K it answers +0.07 [+0.01, +0.13] better than with 64
+    # (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/).
     chunk_query_window: Int | None = Field(None, ge=0)
     # The last ``dense_tail_tokens`` queries of every sparse prefill chunk attend every page (dense); the
     # rest of the chunk runs sparse. The prompt's last chunk ends with the question and the chat template's

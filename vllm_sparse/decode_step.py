@@ -26,6 +26,28 @@ from vllm_sparse.config import LayerPolicy
 from vllm_sparse.policy import NUM_COLUMNS, decode_columns, select_cap
 
 
+@dataclass
+class AnchorPick:
+    """The top pages that the step's anchor scores gave (Kascade), kept for the layers that share them.
+
+    The first layer of a step that selects from an anchor's scores (``DecodeStep.anchor``) runs the
+    top-k over the anchor's own KV heads and leaves the result here; every later layer of the same
+    anchor and policy reads it through its head map instead of selecting again: one top-k per anchor
+    and step, not one per layer. An anchor's new scores void it (a forward pass run twice on one
+    step, as a CUDA-graph capture after its warm-up run, selects afresh each time). ``pages int32 [B * Hkv, K_cap]`` and ``counts int32 [B * Hkv]`` as
+    ``kernels.page_topk.select_top_pages_triton`` returns them.
+    """
+
+    layer: int | None = None
+    policy: LayerPolicy | None = None
+    pages: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+
+    def holds(self, layer: int, policy: LayerPolicy) -> bool:
+        """Whether this is the pick of anchor ``layer`` under ``policy``."""
+        return self.pages is not None and self.layer == layer and self.policy == policy
+
+
 @dataclass(frozen=True)
 class DecodeStep:
     """The decode block of one step (one query token per request).
@@ -44,6 +66,8 @@ class DecodeStep:
             launch no fill kernels of their own.
         anchor: ``float32 [B * Hkv, P_cap]`` (a view of a persistent buffer) where an anchor layer
             leaves its page scores for the layers up to the next anchor (Kascade), or None.
+        anchor_pick: the top pages of those scores once a layer has selected from them (with
+            ``anchor``; a fresh one every step).
     """
 
     num_reqs: int
@@ -56,6 +80,7 @@ class DecodeStep:
     no_pages: torch.Tensor | None = None
     no_counts: torch.Tensor | None = None
     anchor: torch.Tensor | None = None
+    anchor_pick: AnchorPick | None = None
 
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
@@ -142,4 +167,5 @@ class DecodeColumns:
             no_pages=self._no_pages[: b * self.num_kv_heads],
             no_counts=self._no_counts[: b * self.num_kv_heads],
             anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
+            anchor_pick=None if self._anchor is None else AnchorPick(),
         )

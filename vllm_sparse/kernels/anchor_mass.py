@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 TILE = 32  # the default prefill tile (queries that share one pooled distribution)
+MASS_STEPS = 16  # key blocks per pass-2 program (its tile's queries loaded once for all of them)
 
 
 def anchor_page_mass(
@@ -77,11 +78,15 @@ def anchor_page_mass_triton(
     context_len: int,
     scale: float,
     tile: int = TILE,
+    steps: int = MASS_STEPS,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``anchor_page_mass`` in two Triton passes over the paged cache (same arguments and result).
 
     Needs a power-of-two page size ``N``; keys are read in place (any strides of ``page_keys``),
-    products accumulate in float32.
+    products accumulate in float32. ``steps``: key blocks (of 64 keys) each pass-2 program walks
+    with its tile's queries loaded once (1: a program per block, every block reloading them);
+    ``num_warps``: of both passes' programs.
     """
     import triton
 
@@ -94,24 +99,24 @@ def anchor_page_mass_triton(
     past = context_len // n
     if past == 0:
         return torch.zeros(hkv, 0, dtype=torch.float32, device=q.device)
-    tile = min(tile, c)
-    tiles = -(-c // tile)
+    tiles = -(-c // tile)  # a chunk shorter than a tile is one tile with fewer valid rows (TILE stays fixed)
     block_m = max(16, triton.next_power_of_2(tile * g))
     block_d = max(16, triton.next_power_of_2(d))
     block_p = max(1, 64 // n)  # pages per key block (64 keys)
     page_ids = page_ids.contiguous()
     lse = torch.empty(tiles, hkv, block_m, dtype=torch.float32, device=q.device)
     low = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-    common = dict(G=g, D=d, N=n, TILE=tile, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_P=block_p, LOW_PRECISION=low)
+    common = dict(G=g, D=d, N=n, TILE=tile, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_P=block_p, LOW_PRECISION=low,
+                  num_warps=num_warps)  # fmt: skip
     anchor_lse_kernel[(tiles, hkv)](
         q, page_keys, page_ids, lse, c, context_len, scale,
         q.stride(0), q.stride(1), page_keys.stride(0), page_keys.stride(1), page_keys.stride(2),
         page_ids.stride(0), **common,
     )  # fmt: skip
     mass = torch.empty(tiles, hkv, past, dtype=torch.float32, device=q.device)
-    anchor_mass_kernel[(tiles, hkv, triton.cdiv(past, block_p))](
+    anchor_mass_kernel[(tiles, hkv, triton.cdiv(past, block_p * steps))](
         q, page_keys, page_ids, lse, mass, c, past, scale,
         q.stride(0), q.stride(1), page_keys.stride(0), page_keys.stride(1), page_keys.stride(2),
-        page_ids.stride(0), **common,
+        page_ids.stride(0), STEPS=steps, **common,
     )  # fmt: skip
     return mass.amax(dim=0)

@@ -3,7 +3,8 @@
 Rows of a program are the ``TILE x G`` (query, query head) pairs of one tile and one KV head,
 row ``r`` = query ``r // G`` of the tile, head ``kv * G + r % G``. Keys are read in blocks of
 ``BLOCK_P`` pages (``BLOCK_P * N`` keys) through the request's page ids. ``LOW_PRECISION``: the
-products take the cache's 16-bit inputs (CUDA), else float32 inputs (the interpreter).
+products take the cache's 16-bit inputs (CUDA), else float32 inputs (the interpreter). Lengths and
+the page-id row stride vary with the data and are not specialised on (``vllm_sparse.warmup``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _key_block(k_ptr, ids_ptr, kv, p0, num_pages, stride_kp, stride_kn, stride_k
     return tl.load(ptr, mask=pm[None, :] & (d[:, None] < D), other=0.0), j
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "context_len", "stride_ids"])
 def anchor_lse_kernel(
     q_ptr, k_ptr, ids_ptr, lse_ptr, num_queries, context_len, scale,
     stride_qc, stride_qh, stride_kp, stride_kn, stride_kd, stride_ids,
@@ -69,29 +70,34 @@ def anchor_lse_kernel(
     tl.store(lse_ptr + (t * tl.num_programs(1) + kv) * BLOCK_M + tl.arange(0, BLOCK_M), lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_queries", "num_past", "stride_ids"])
 def anchor_mass_kernel(
     q_ptr, k_ptr, ids_ptr, lse_ptr, out_ptr, num_queries, num_past, scale,
     stride_qc, stride_qh, stride_kp, stride_kn, stride_kd, stride_ids,
     G: tl.constexpr, D: tl.constexpr, N: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, LOW_PRECISION: tl.constexpr,
+    STEPS: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2, grid ``(tiles, Hkv, cdiv(past, BLOCK_P))``: ``out [tiles, Hkv, past]`` the mean over
-    the tile's valid rows of each past page's softmax weight (past keys are visible to every tile)."""
+    """Pass 2, grid ``(tiles, Hkv, cdiv(past, BLOCK_P * STEPS))``: ``out [tiles, Hkv, past]`` the mean
+    over the tile's valid rows of each past page's softmax weight (past keys are visible to every
+    tile). A program loads its tile's queries once and walks ``STEPS`` key blocks."""
     t = tl.program_id(0)
     kv = tl.program_id(1)
     hkv = tl.num_programs(1)
-    p0 = tl.program_id(2) * BLOCK_P
     qb, rm = _tile_queries(q_ptr, t, kv, num_queries, stride_qc, stride_qh, G, D, TILE, BLOCK_M, BLOCK_D)
     if not LOW_PRECISION:
         qb = qb.to(tl.float32)
     lse = tl.load(lse_ptr + (t * hkv + kv) * BLOCK_M + tl.arange(0, BLOCK_M))
-    kb, j = _key_block(k_ptr, ids_ptr, kv, p0, num_past, stride_kp, stride_kn, stride_kd, stride_ids,
-                       N, D, BLOCK_P, BLOCK_D)  # fmt: skip
-    s = tl.dot(qb, kb.to(qb.dtype), out_dtype=tl.float32) * scale
-    w = tl.exp(s - lse[:, None])  # [BLOCK_M, BLOCK_P * N]; invalid rows 0
     rows = tl.sum(rm.to(tl.float32), 0)
-    per_key = tl.sum(w, 0) / rows
-    per_page = tl.sum(tl.reshape(per_key, [BLOCK_P, N]), 1)
-    page = p0 + tl.arange(0, BLOCK_P)
-    tl.store(out_ptr + (t * hkv + kv).to(tl.int64) * num_past + page, per_page, mask=page < num_past)
+    out_row = out_ptr + (t * hkv + kv).to(tl.int64) * num_past
+    for step in range(STEPS):
+        p0 = (tl.program_id(2) * STEPS + step) * BLOCK_P
+        if p0 < num_past:
+            kb, j = _key_block(k_ptr, ids_ptr, kv, p0, num_past, stride_kp, stride_kn, stride_kd, stride_ids,
+                               N, D, BLOCK_P, BLOCK_D)  # fmt: skip
+            s = tl.dot(qb, kb.to(qb.dtype), out_dtype=tl.float32) * scale
+            w = tl.exp(s - lse[:, None])  # [BLOCK_M, BLOCK_P * N]; invalid rows 0
+            per_key = tl.sum(w, 0) / rows
+            per_page = tl.sum(tl.reshape(per_key, [BLOCK_P, N]), 1)
+            page = p0 + tl.arange(0, BLOCK_P)
+            tl.store(out_row + page, per_page, mask=page < num_past)

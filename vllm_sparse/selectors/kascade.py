@@ -167,17 +167,32 @@ class KascadeSelector:
         scale = self.scale or query.shape[-1] ** -0.5
         anchor_decode_mass_triton(query[: step.num_reqs], page_keys, step.block_table, cols,
                                   layout.num_kv_heads, layout.num_head_slots, scale, step.anchor)  # fmt: skip
+        if step.anchor_pick is not None:  # new scores: the next layer that selects runs the top-k
+            step.anchor_pick.layer = None
 
     def select_decode(self, query: torch.Tensor, page_keys: torch.Tensor, layout: PageLayout,
                       meta: PageMeta | None, step: DecodeStep, policy: LayerPolicy):  # fmt: skip
         """See ``selectors.base.Selector.select_decode``: the best ``SELECT`` pages of each row's
         ``[HEAD, TAIL)`` by the step's anchor mass (``observe_decode`` of the layer's anchor), KV
-        head ``h`` reading the anchor's head ``head_map[h]``."""
+        head ``h`` reading the anchor's head ``head_map[h]``.
+
+        The top-k runs once per anchor, policy and step, over the anchor's own heads
+        (``DecodeStep.anchor_pick``); each layer then gathers its rows through its head map, which
+        gives what a top-k over the mapped scores would (the same rows, the same columns).
+        """
         from vllm_sparse.kernels.page_topk import select_top_pages_triton
 
         hkv, b = layout.num_kv_heads, step.num_reqs
-        scores = step.anchor
-        heads = self._heads(scores.device)
-        if heads is not None:  # reuse KV head h reads anchor head head_map[h]
-            scores = scores.view(b, hkv, -1).index_select(1, heads).reshape(b * hkv, -1)
-        return select_top_pages_triton(scores, step.columns[policy], hkv, step.select_caps[policy])
+        pick = step.anchor_pick
+        if pick is None or not pick.holds(self.anchor, policy):
+            pages, counts = select_top_pages_triton(step.anchor, step.columns[policy], hkv, step.select_caps[policy])
+            if pick is not None:
+                pick.layer, pick.policy, pick.pages, pick.counts = self.anchor, policy, pages, counts
+        else:
+            pages, counts = pick.pages, pick.counts
+        heads = self._heads(pages.device)
+        if heads is None:
+            return pages, counts
+        # reuse KV head h reads anchor head head_map[h]
+        return (pages.view(b, hkv, -1).index_select(1, heads).reshape(b * hkv, -1),
+                counts.view(b, hkv).index_select(1, heads).reshape(b * hkv))  # fmt: skip
