@@ -267,8 +267,8 @@ class SparseConfig(_Strict):
     # benchmarks/results/eval_qwen0.5b_cpu_query_window/; on the 1.5B at 32K every query ties with it),
     # 0 for the others. QuoKA scores with every query (its paper's rule): it subselects 64 of them
     # anyway, so this costs one pass over the chunk's queries (its TTFT at 128K on an H100: 5.05 s;
-    # 5.07 s with 64 in an earlier run), and on the 1.5B at 32K it answers +0.07 [+0.01, +0.13] better than with 64
-    # (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/).
+    # 5.07 s with 64 in an earlier run), and on the 1.5B at 32K it answers +0.07 [+0.01, +0.13] better
+    # than with 64 (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/).
     chunk_query_window: Int | None = Field(None, ge=0)
     # The last ``dense_tail_tokens`` queries of every sparse prefill chunk attend every page (dense); the
     # rest of the chunk runs sparse. The prompt's last chunk ends with the question and the chat template's

@@ -34,7 +34,8 @@ class AnchorPick:
     top-k over the anchor's own KV heads and leaves the result here; every later layer of the same
     anchor and policy reads it through its head map instead of selecting again: one top-k per anchor
     and step, not one per layer. An anchor's new scores void it (a forward pass run twice on one
-    step, as a CUDA-graph capture after its warm-up run, selects afresh each time). ``pages int32 [B * Hkv, K_cap]`` and ``counts int32 [B * Hkv]`` as
+    step, as a CUDA-graph capture after its warm-up run, selects afresh each time).
+    ``pages int32 [B * Hkv, K_cap]`` and ``counts int32 [B * Hkv]`` as
     ``kernels.page_topk.select_top_pages_triton`` returns them.
     """
 
