@@ -16,6 +16,7 @@ FLASH_ATTN and FLASHINFER in the same run, prefix caching off, chunks of 8192 to
 
     python benchmarks/e2e_gpu.py tiny --out DIR [--modes eager,compile] [--parallel]
     python benchmarks/e2e_gpu.py perf --out DIR [--contexts 32768,130560] [--compile]
+    python benchmarks/e2e_gpu.py tp --out DIR [--tp 2] [--parallel]     # tensor parallelism, 2+ GPUs
 
 Writes ``DIR/e2e_gpu_<part>.json`` and one log per engine.
 """
@@ -202,6 +203,8 @@ def engine_kwargs(spec: dict) -> dict:
     if "async_scheduling" in spec:  # unset: vLLM's default (on for GPUs in 0.33)
         kw["async_scheduling"] = spec["async_scheduling"]
     kw["gpu_memory_utilization"] = spec.get("gpu_memory_utilization", 0.85)
+    if spec.get("tp", 1) > 1:
+        kw["tensor_parallel_size"] = spec["tp"]
     return kw
 
 
@@ -452,6 +455,63 @@ def tiny(args) -> dict:
     return {"summary": summary, "runs": results}
 
 
+def real_budget(method: str) -> dict:
+    """REAL_BUDGET for ``method``: Kascade with the forced runs' anchors, compact decoding dense with
+    a threshold that drops blocks on this random model (its shipped one keeps them all here)."""
+    cfg = {**REAL_BUDGET["sparse_attention"]}
+    if method == "kascade":
+        cfg["kascade"] = {"anchors": [0, 2]}
+    if method == "compact":
+        del cfg["sparse_decode"]
+        cfg["compact"] = {"block_threshold": 0.95}
+    return {"sparse_attention": cfg}
+
+
+def tp(args) -> dict:
+    """Tensor parallelism: the tiny model (2 KV heads: one per rank at ``--tp 2``) as ``tiny`` runs it.
+    Every method forced through its selection path with every page at TP=2 must give FLASH_ATTN's
+    greedy tokens at TP=2 and at TP=1 (near-ties aside: TP's all-reduce rounds differently); at a
+    real budget (default mode) every method completes and skips pages."""
+    out = Path(args.workdir) / "tp_runs"
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(build_tiny_llama(Path(args.workdir) / "tiny_llama"))
+    common = {
+        "kind": "tiny", "model": model, "dtype": "float16", "batches": tiny_prompts(), "max_tokens": 48,
+        "max_model_len": 4096, "max_num_batched_tokens": 100, "kv_cache_memory_bytes": 1 << 29,
+        "gpu_memory_utilization": 0.05, "tp": args.tp or 2,
+    }  # fmt: skip
+    specs = []
+    for mode in args.modes.split(","):
+        specs += [
+            {**common, "name": f"{mode}_flash_attn_tp1", "mode": mode, "backend": "FLASH_ATTN", "tp": 1},
+            {**common, "name": f"{mode}_flash_attn", "mode": mode, "backend": "FLASH_ATTN"},
+        ]
+        specs += [
+            {**common, "name": f"{mode}_forced_{m}", "mode": mode, "backend": f"sparse_{m}",
+             "additional_config": forced_sparse(m)}
+            for m in FORCED_METHODS
+        ]  # fmt: skip
+        if mode == "compile":  # the default mode, what a user serves with
+            specs += [
+                {**common, "name": f"{mode}_real_{m}", "mode": mode, "backend": f"sparse_{m}",
+                 "additional_config": real_budget(m)}
+                for m in FORCED_METHODS
+            ]  # fmt: skip
+    results = run_specs(specs, out, args.parallel, args.deadline_at)
+    summary = {}
+    for mode in args.modes.split(","):
+        pairs = [("flash_attn", "flash_attn_tp1")]
+        pairs += [(f"forced_{m}", ref) for m in FORCED_METHODS for ref in ("flash_attn", "flash_attn_tp1")]
+        for a, b in pairs:
+            ra, rb = results.get(f"{mode}_{a}", {}), results.get(f"{mode}_{b}", {})
+            if ra.get("ok") and rb.get("ok"):
+                summary[f"{mode}: {a} vs {b}"] = {
+                    "greedy": compare_tokens(ra, rb),
+                    "prompt_logprobs": compare_prompt_logprobs(ra, rb),
+                }
+    return {"tp": common["tp"], "summary": summary, "runs": results}
+
+
 def perf(args) -> dict:
     out = Path(args.workdir) / f"perf_runs_{'compile' if args.compile else 'eager'}"
     out.mkdir(parents=True, exist_ok=True)
@@ -470,6 +530,7 @@ def perf(args) -> dict:
         "gpu_memory_utilization": 0.85,
         "mode": "compile" if args.compile else "eager",
         "tpot_all": args.tpot_all,
+        "tp": args.tp or 1,
     }
     specs = []
     # variants after "+": dense_decode / sparse_decode (decode steps), windowW (chunk_query_window=W)
@@ -536,7 +597,7 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown of the engine (hangs seen with leftover processes)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["tiny", "perf"])
+    ap.add_argument("part", choices=["tiny", "perf", "tp"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--workdir", default="/tmp/e2e_gpu")
     ap.add_argument("--modes", default="eager,compile")
@@ -546,12 +607,13 @@ def main() -> None:
     ap.add_argument("--backends", default="FLASH_ATTN,FLASHINFER,sparse_quoka")
     ap.add_argument("--compile", action="store_true", help="perf: vLLM's default compile mode instead of eager")
     ap.add_argument("--tpot-all", action="store_true", help="perf: TPOT at every context (default: the first)")
+    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel size (tp: default 2; perf: default 1)")
     ap.add_argument("--deadline", type=float, default=3600.0, help="seconds; engines still running are killed")
     args = ap.parse_args()
     args.deadline_at = time.monotonic() + args.deadline
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = tiny(args) if args.part == "tiny" else perf(args)
+    res = {"tiny": tiny, "perf": perf, "tp": tp}[args.part](args)
     res = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "gpu": gpu_name(),
@@ -559,13 +621,13 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - t0, 1),
         **res,
     }
-    tag = args.part if args.part == "tiny" else f"perf_{'compile' if args.compile else 'eager'}"
+    tag = args.part if args.part != "perf" else f"perf_{'compile' if args.compile else 'eager'}"
     path = Path(args.out) / f"e2e_gpu_{tag}.json"
-    runs = Path(args.workdir) / ("tiny_runs" if args.part == "tiny" else f"perf_runs_{tag[5:]}")
+    runs = Path(args.workdir) / (f"{tag}_runs" if args.part != "perf" else f"perf_runs_{tag[5:]}")
     logs = sorted(str(p.relative_to(runs)) for p in runs.glob("log_*.txt"))
     subprocess.run(["tar", "czf", str(Path(args.out) / f"logs_{tag}.tar.gz"), "-C", str(runs), *logs], check=False)
     path.write_text(json.dumps(res, indent=1))
-    if args.part == "tiny":
+    if args.part in ("tiny", "tp"):
         for key, cmp in res["summary"].items():
             g, lp = cmp["greedy"], cmp["prompt_logprobs"]
             first = [p["first_diff"] for p in g["prompts"]]

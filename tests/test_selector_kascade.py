@@ -145,6 +145,37 @@ def test_config_reasons():
         assert needle in text, (needle, text)
 
 
+def test_kv_heads_of_rank_follow_vllms_sharding():
+    from vllm_sparse.config import kv_heads_of_rank
+
+    assert [kv_heads_of_rank(8, 2, r) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [kv_heads_of_rank(2, 2, r) for r in range(2)] == [[0], [1]]
+    assert [kv_heads_of_rank(2, 4, r) for r in range(4)] == [[0], [0], [1], [1]]  # replicated heads
+    assert kv_heads_of_rank(4, 1, 0) == [0, 1, 2, 3]
+
+
+def test_head_map_under_tensor_parallelism():
+    """Each worker reads its own KV heads' map in local indices; maps that stay inside every rank's
+    heads are accepted, and one that crosses ranks is refused at start with the heads named."""
+    within = _config(kascade={"anchors": [0, 2], "head_map": {1: [1, 0, 3, 2], 3: [0, 0, 2, 2]}})
+    opts = within.kascade
+    assert within.model_reasons(4, 4, tp_size=2) == []
+    assert opts.local_head_map(1, [0, 1]) == [1, 0] and opts.local_head_map(1, [2, 3]) == [1, 0]
+    assert opts.local_head_map(3, [0, 1]) == [0, 0] and opts.local_head_map(3, [2, 3]) == [0, 0]
+    assert opts.local_head_map(1, None) == [1, 0, 3, 2]  # no tensor parallelism: the model's map
+    assert opts.local_head_map(2, [2, 3]) is None  # an anchor / a layer without a map: identity
+    identity = _config(kascade={"anchors": [0, 2], "head_map": {1: [0, 1, 2, 3]}}).kascade
+    assert identity.local_head_map(1, [2, 3]) is None
+    crossing = _config(kascade={"anchors": [0, 2], "head_map": {1: [2, 1, 0, 3], 3: [0, 1, 2, 3]}})
+    assert crossing.model_reasons(4, 4, tp_size=1) == []
+    reasons = crossing.model_reasons(4, 4, tp_size=2)
+    assert len(reasons) == 1 and "head_map.1" in reasons[0] and "0->2, 2->0" in reasons[0], reasons
+    assert "--tensor-parallel-size 2" in reasons[0]
+    # more ranks than KV heads: every rank holds one head, so only the identity fits
+    assert _config(kascade={"anchors": [0, 2], "head_map": {1: [1, 0]}}).model_reasons(4, 2, tp_size=4)
+    assert _config(kascade={"anchors": [0, 2], "head_map": {1: [0, 1]}}).model_reasons(4, 2, tp_size=4) == []
+
+
 def test_decodes_take_the_device_path_on_gpus(monkeypatch):
     """Kascade decodes on the device-driven path (full CUDA graphs for decode batches), unless the
     config asks for the torch reference executor; its anchors then hand their scores on through

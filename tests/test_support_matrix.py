@@ -126,6 +126,25 @@ EXPLAINED = {
 }
 
 
+def test_kascade_head_map_crossing_tensor_parallel_ranks_refused_at_start():
+    """A calibrated head map whose reuse heads read anchor heads of another rank cannot run with
+    tensor parallelism: refused at engine start with the layer and heads, beside the other reasons."""
+    from types import SimpleNamespace
+
+    from vllm_sparse.backend.startup import sparse_config_reasons
+
+    model = SimpleNamespace(model="m", get_total_num_kv_heads=lambda: 2, get_total_num_hidden_layers=lambda: 4)
+    engine = _engine(sparse_attention={"kascade": {"anchors": [0, 2], "head_map": {"1": [1, 0]}}})
+    engine.model_config = model
+    engine.parallel_config = SimpleNamespace(tensor_parallel_size=1)
+    assert [r for r in sparse_config_reasons("kascade", engine) if "head_map" in r] == []
+    engine.parallel_config = SimpleNamespace(tensor_parallel_size=2)
+    engine.speculative_config = SimpleNamespace(method="ngram")
+    reasons = sparse_config_reasons("kascade", engine)
+    assert any("head_map.1 = [1, 0]" in r and "0->1, 1->0" in r for r in reasons), reasons
+    assert any("speculative decoding" in r for r in reasons), reasons  # every reason at once
+
+
 @pytest.mark.parametrize("backend", IMPLEMENTED, ids=lambda b: b.get_name())
 def test_every_bad_model_property_refused_at_once_with_the_fix(backend, monkeypatch):
     monkeypatch.setattr(backends.current_platform, "is_cpu", lambda: False)

@@ -109,6 +109,16 @@ class TwilightOptions(_Strict):
 EVENLY_SPACED = "evenly_spaced"
 
 
+def kv_heads_of_rank(num_kv_heads: int, tp_size: int, rank: int) -> list[int]:
+    """The model's KV heads that tensor-parallel rank ``rank`` of ``tp_size`` holds, in its local
+    order: a contiguous ``num_kv_heads / tp_size`` of them, or, with fewer KV heads than ranks, the one
+    head that ``tp_size / num_kv_heads`` consecutive ranks replicate (vLLM's QKV sharding)."""
+    if num_kv_heads >= tp_size:
+        per = num_kv_heads // tp_size
+        return list(range(rank * per, (rank + 1) * per))
+    return [rank * num_kv_heads // tp_size]
+
+
 class KascadeOptions(_Strict):
     """Kascade: anchor layers score every past page exactly; each layer after an anchor, up to the
     next one, reuses that anchor's page ranking, its KV head ``h`` reading the anchor's KV head
@@ -131,8 +141,22 @@ class KascadeOptions(_Strict):
             return sorted({round(i * num_layers / m) for i in range(m)})
         return list(self.anchors or [])
 
-    def model_reasons(self, num_layers: int, num_kv_heads: int | None) -> list[str]:
-        """Reasons these options do not fit a model (``kascade.*`` fields)."""
+    def local_head_map(self, layer: int, heads: list[int] | None = None) -> list[int] | None:
+        """Layer ``layer``'s head map over the KV heads one worker holds (None: identity).
+
+        ``heads``: the model's KV heads of this worker in its local order (``kv_heads_of_rank``;
+        None: all of them, no tensor parallelism). Local head ``i`` (model head ``heads[i]``) reads
+        the local head that holds anchor head ``head_map[heads[i]]``, which must be one of ``heads``
+        (``model_reasons`` refuses maps that cross ranks at engine start)."""
+        full = self.head_map.get(layer)
+        if full is None or heads is None:
+            return full
+        local = [heads.index(full[h]) for h in heads]
+        return None if local == list(range(len(heads))) else local
+
+    def model_reasons(self, num_layers: int, num_kv_heads: int | None, tp_size: int = 1) -> list[str]:
+        """Reasons these options do not fit a model (``kascade.*`` fields), served with tensor
+        parallelism ``tp_size``."""
         if self.anchors is None:
             return [
                 "kascade.anchors: no calibrated anchor layers for this model; calibrate them with "
@@ -159,7 +183,27 @@ class KascadeOptions(_Strict):
                 reasons.append(
                     f"kascade.head_map.{layer} = {heads}: must list {num_kv_heads} anchor KV heads in 0..{num_kv_heads - 1}"
                 )
+            elif num_kv_heads is not None and tp_size > 1:
+                reasons += self._tp_reasons(layer, heads, num_kv_heads, tp_size)
         return reasons
+
+    @staticmethod
+    def _tp_reasons(layer: int, heads: list[int], num_kv_heads: int, tp_size: int) -> list[str]:
+        """A reuse layer reads its anchor's pages from the same worker: every KV head's anchor head
+        must live on its rank."""
+        crossing = []
+        for rank in range(tp_size):
+            held = kv_heads_of_rank(num_kv_heads, tp_size, rank)
+            crossing += [f"{h}->{heads[h]}" for h in held if heads[h] not in held]
+        if not crossing:
+            return []
+        return [
+            f"kascade.head_map.{layer} = {heads}: with --tensor-parallel-size {tp_size} each rank holds "
+            f"{max(1, num_kv_heads // tp_size)} of the {num_kv_heads} KV heads, and KV heads "
+            f"{', '.join(crossing)} would read an anchor head held by another rank; calibrate a map "
+            f"within each rank's heads, serve with a smaller tensor-parallel size, or leave this layer "
+            f"out of kascade.head_map (identity)"
+        ]
 
 
 #: tokens of a FlashPrefill block; ``compact.block_pages`` defaults to the nearest whole number of pages
@@ -299,10 +343,11 @@ class SparseConfig(_Strict):
             window = DEFAULT_CHUNK_QUERY_WINDOW.get(self.method, 0)
         return window or None
 
-    def model_reasons(self, num_layers: int, num_kv_heads: int | None = None) -> list[str]:
+    def model_reasons(self, num_layers: int, num_kv_heads: int | None = None, tp_size: int = 1) -> list[str]:
         """Reasons this config does not fit a model with ``num_layers`` attention layers (and
-        ``num_kv_heads`` KV heads, where known)."""
-        reasons = self.kascade.model_reasons(num_layers, num_kv_heads) if self.method == "kascade" else []
+        ``num_kv_heads`` KV heads, where known), served with tensor parallelism ``tp_size``."""
+        kascade = self.method == "kascade"
+        reasons = self.kascade.model_reasons(num_layers, num_kv_heads, tp_size) if kascade else []
         for idx in self.dense_layers:
             if not 0 <= idx < num_layers:
                 reasons.append(f"dense_layers: {idx} is not a layer of this model (0..{num_layers - 1})")

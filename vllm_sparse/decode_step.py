@@ -67,6 +67,8 @@ class DecodeStep:
             launch no fill kernels of their own.
         anchor: ``float32 [B * Hkv, P_cap]`` (a view of a persistent buffer) where an anchor layer
             leaves its page scores for the layers up to the next anchor (Kascade), or None.
+        anchor_work: ``float32 [B * Hkv, G, P_cap]`` the anchor scoring's workspace (per page and
+            query head of the group); ``anchor`` is its head-0 plane.
         anchor_pick: the top pages of those scores once a layer has selected from them (with
             ``anchor``; a fresh one every step).
     """
@@ -82,6 +84,7 @@ class DecodeStep:
     no_counts: torch.Tensor | None = None
     anchor: torch.Tensor | None = None
     anchor_pick: AnchorPick | None = None
+    anchor_work: torch.Tensor | None = None
 
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
@@ -101,8 +104,9 @@ class DecodeColumns:
     It applies to the policies whose decode is decided by cost (``LayerPolicy.decode_by_cost``:
     the config leaves ``sparse_decode`` to the method), not to those that ask for sparse decode.
 
-    ``anchor_scores``: also keep a ``float32 [max_reqs * Hkv, P_cap]`` buffer of page scores that
-    layers of a step hand on to later layers (Kascade's anchors; ``DecodeStep.anchor``).
+    ``anchor_scores``: also keep a ``float32 [max_reqs * Hkv, group_size, P_cap]`` workspace whose
+    head-0 plane holds the page scores that layers of a step hand on to later layers (Kascade's
+    anchors; ``DecodeStep.anchor``). ``group_size``: the query heads ``G`` of a KV head.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class DecodeColumns:
         min_sparse_tokens: int = 0,
         num_kv_heads: int = 1,
         anchor_scores: bool = False,
+        group_size: int = 1,
     ):
         self.policies = list(dict.fromkeys(policies))
         self.page_size = page_size
@@ -131,7 +136,8 @@ class DecodeColumns:
         self._no_counts = torch.zeros(max_reqs * num_kv_heads, dtype=torch.int32, device=device)
         self._anchor = None
         if anchor_scores:
-            self._anchor = torch.zeros(max_reqs * num_kv_heads, self.page_cap, dtype=torch.float32, device=device)
+            shape = (max_reqs * num_kv_heads, group_size, self.page_cap)
+            self._anchor = torch.zeros(shape, dtype=torch.float32, device=device)
 
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
@@ -167,6 +173,7 @@ class DecodeColumns:
             select_caps=self.select_caps,
             no_pages=self._no_pages[: b * self.num_kv_heads],
             no_counts=self._no_counts[: b * self.num_kv_heads],
-            anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
+            anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads, 0],
             anchor_pick=None if self._anchor is None else AnchorPick(),
+            anchor_work=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
         )

@@ -39,6 +39,7 @@ class PageCounters:
 
 _lock = threading.Lock()
 _counters = PageCounters()
+_rank = 0  # tensor-parallel rank of this worker: rank r > 0 writes ``$SPARSE_ATTENTION_STATS.rank<r>``
 
 #: the stages of a block-union selector (``selectors.compact``), as the paper's Table 2: blocks kept
 #: per (query tile, query head) before any union, per query head after the union over the chunk's
@@ -122,11 +123,21 @@ def reset() -> None:
         _unions.clear()
 
 
+def set_rank(rank: int) -> None:
+    """This worker's tensor-parallel rank: each rank counts its own KV heads' rows; rank 0 writes
+    ``$SPARSE_ATTENTION_STATS`` (what ``read_stats`` reads), rank ``r > 0`` the same path plus
+    ``.rank<r>``."""
+    global _rank
+    _rank = rank
+
+
 def flush() -> None:
     """Write the counters to ``$SPARSE_ATTENTION_STATS`` if set (atomic rename)."""
     path = os.environ.get(STATS_ENV)
     if not path:
         return
+    if _rank:
+        path = f"{path}.rank{_rank}"
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(snapshot(), f)

@@ -60,7 +60,7 @@ class DecodeLayer:
         self.layout = PageLayout.of(self.cache, HKV, "interleaved")
         self.meta = planes.views(self.cache) if planes else None
         self.columns = DecodeColumns([self.policy], N, 16, MAX_LEN, DEV, num_kv_heads=HKV,
-                                     anchor_scores=method == "kascade")  # fmt: skip
+                                     anchor_scores=method == "kascade", group_size=HQ // HKV)  # fmt: skip
         self.block_table = torch.zeros(B, MAX_LEN // N, dtype=torch.int32, device=DEV)
         self.query = torch.zeros(B, HQ, D, device=DEV, dtype=torch.bfloat16)
         self.key = torch.zeros(B, HKV, D, device=DEV, dtype=torch.bfloat16)

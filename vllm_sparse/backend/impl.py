@@ -16,6 +16,7 @@ from vllm_sparse import stats
 from vllm_sparse.backend import meta_check
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
+from vllm_sparse.config import kv_heads_of_rank
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.executors import get_executor, reference_executor
 from vllm_sparse.layout import MetaPlanes, PageLayout, PageMeta
@@ -109,9 +110,29 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             cpu_native.available()  # build or load the native CPU ops now, not in the first forward
         mc = vllm_config.model_config
         self.last_layer = mc.get_total_num_hidden_layers() - 1 if mc is not None else -1
+        self.model_kv_heads = self._model_kv_heads(vllm_config)
         self.layer_idx: int | None = None
         self._warm = False  # this layer's sparse prefill kernels compiled (see _warm_up_once)
         self._cached_views: CacheViews | None = None
+
+    def _model_kv_heads(self, vllm_config) -> list[int] | None:
+        """The model's KV heads this worker holds, in its local order, under tensor parallelism
+        (None without it); its page-metadata counters go to a file of its own (``stats.set_rank``)."""
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        mc = vllm_config.model_config
+        if tp <= 1 or mc is None:
+            return None
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+        stats.set_rank(rank)
+        heads = kv_heads_of_rank(mc.get_total_num_kv_heads(), tp, rank)
+        if len(heads) != self.num_kv_heads:
+            raise RuntimeError(
+                f"sparse_{self.method}: tensor-parallel rank {rank} of {tp} has {self.num_kv_heads} KV heads, "
+                f"not the {len(heads)} of the model's {mc.get_total_num_kv_heads()} that vLLM's sharding gives it"
+            )
+        return heads
 
     def _pick_executor(self, device_type: str):
         """vLLM's CPU kernel over page rows on CPU (head size a multiple of 32), else the platform's.
@@ -207,7 +228,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             self.layer_idx = extract_layer_index(layer.layer_name)
             self.policy = self.config.for_layer(self.layer_idx)
             if hasattr(self.selector, "for_layer"):  # selectors that depend on the layer (Kascade's anchors)
-                self.selector = self.selector.for_layer(self.layer_idx, self.last_layer + 1)
+                self.selector = self.selector.for_layer(self.layer_idx, self.last_layer + 1, self.model_kv_heads)
         if not self._warm and query.is_cuda and not torch.cuda.is_current_stream_capturing():
             # vLLM's memory-profiling run comes first (no metadata, no cache yet): warm up there,
             # on a scratch cache of this layer's layout, so its memory is counted and no request

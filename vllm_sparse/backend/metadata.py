@@ -167,6 +167,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 min_sparse_tokens=min_sparse_decode,
                 num_kv_heads=self._num_kv_heads,
                 anchor_scores=impls[0][1].method == "kascade",
+                group_size=impls[0][1].num_heads // self._num_kv_heads,
             )
 
     @staticmethod

@@ -55,9 +55,12 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
         reasons.append(f"sparse_twilight needs a power-of-two block size for its INT4 key shadows (got {block})")
     mc = getattr(vllm_config, "model_config", None)
     hkv = mc.get_total_num_kv_heads() if mc is not None else None
+    tp = getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1
     if mc is not None and cfg is not None:
-        reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers(), hkv)]
+        reasons += [f"config: {r}" for r in cfg.model_reasons(mc.get_total_num_hidden_layers(), hkv, tp)]
     if method == "compact" and cfg is not None:
         hq = getattr(getattr(mc, "model_arch_config", None), "total_num_attention_heads", None)
+        if hq and hkv and tp > 1:  # a worker's own query and KV heads (KV heads replicated past hkv ranks)
+            hq, hkv = hq // tp, max(1, hkv // tp)
         reasons += [f"config: {r}" for r in cfg.compact.engine_reasons(cfg.sparse_decode, hq, hkv)]
     return reasons

@@ -4,11 +4,19 @@ A decode token is a prefill tile of one (``kernels.anchor_mass``): for each (req
 the softmax of each of the group's ``G`` query heads over the ``ctx = seq_len - 1`` keys before the
 token, averaged over the heads and summed per complete past page (``PAST = ctx // N`` pages).
 
-Two Triton passes over the paged cache, read in place, with the lengths taken from the decode
-columns (``policy.decode_columns``): pass 1 the partial log-sum-exp of each head over a share of
-the row's keys (``programs`` shares per row, combined by one torch reduction); pass 2 the pooled
-mass of every past page, written into a persistent buffer that the layers up to the next anchor
-read (``DecodeStep.anchor``). The torch twin is ``anchor_decode_mass``.
+One pass over the keys, read in place from the paged cache with the lengths taken from the decode
+columns (``policy.decode_columns``), then a light pass over per-page numbers:
+
+1. ``programs`` shares per row; per page and head the log-sum-exp of the page's scores
+   ``l[p, h] = log sum_{t in p} exp(s_t)`` (into a persistent ``float32 [rows, G, P]`` workspace) and
+   per share and head the log-sum-exp over the share's keys;
+2. per row and head ``LSE_h`` from the shares, and per past page the pooled mass
+   ``mean_h exp(l[p, h] - LSE_h)``, written over the workspace's head-0 plane (the same program
+   reads a page's ``G`` numbers before it writes the page's mass there).
+
+``exp(l[p, h] - LSE_h)`` is exactly the page's softmax weight, so this equals two passes over the
+keys (log-sum-exp first, then the weights) and reads them once. The mass is what the layers up to
+the next anchor select from (``DecodeStep.anchor``). The torch twin is ``anchor_decode_mass``.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import triton.language as tl
 
 from vllm_sparse.kernels.anchor_mass import anchor_page_mass
 from vllm_sparse.kernels.decode_rows import programs_per_row
+
+POOL_PAGES = 256  # pages per tile of pass 2 (G numbers each)
 
 
 @triton.jit
@@ -59,16 +69,17 @@ def _keys_t(keys_ptr, bt_ptr, req, kv, p0, end, stride_bt, stride_kp, stride_kt,
     return tl.load(ptr, mask=pm[None, :] & (d[:, None] < D), other=0.0), j
 
 
-@triton.jit(do_not_specialize=["head_slots"])
-def _anchor_decode_lse_kernel(
-    q_ptr, keys_ptr, bt_ptr, cols_ptr, part_ptr, scale, head_slots,
-    stride_qt, stride_qh, stride_kp, stride_kt, stride_bt,
+@triton.jit(do_not_specialize=["head_slots", "stride_wr", "stride_wh"])
+def _anchor_decode_pages_kernel(
+    q_ptr, keys_ptr, bt_ptr, cols_ptr, part_ptr, work_ptr, scale, head_slots,
+    stride_qt, stride_qh, stride_kp, stride_kt, stride_bt, stride_wr, stride_wh,
     HKV: tl.constexpr, G: tl.constexpr, N: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, NCOLS: tl.constexpr, C_TOTAL: tl.constexpr,
     C_LAST: tl.constexpr, LOW_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Pass 1, grid ``(rows, S)``: ``part [rows, S, BLOCK_M]`` the log-sum-exp of each head over
-    this program's share of the row's ``ctx`` keys (``-inf`` for an empty share)."""
+    """Pass 1, grid ``(rows, S)``: for this program's share of the row's ``ctx`` keys,
+    ``work [rows, G, P]`` the log-sum-exp of each page's scores per head (``-inf`` for a page with no
+    key before the token) and ``part [rows, S, BLOCK_M]`` the share's log-sum-exp per head."""
     row = tl.program_id(0)
     req = row // HKV
     kv = row % HKV
@@ -78,6 +89,7 @@ def _anchor_decode_lse_kernel(
     start = tl.program_id(1) * share
     end = tl.minimum(pages, start + share)
     qb, rm = _group_query(q_ptr, keys_ptr, req, kv, stride_qt, stride_qh, G, D, BLOCK_M, BLOCK_D, LOW_PRECISION)
+    work_row = work_ptr + row.to(tl.int64) * stride_wr + tl.arange(0, BLOCK_M)[:, None] * stride_wh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     for p0 in range(start, end, BLOCK_P):
@@ -85,44 +97,59 @@ def _anchor_decode_lse_kernel(
                         N, D, BLOCK_P, BLOCK_D)  # fmt: skip
         s = tl.dot(qb, kt.to(qb.dtype), out_dtype=tl.float32) * scale  # [BLOCK_M, BLOCK_P * N]
         s = tl.where((p0 * N + j < ctx)[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        s3 = tl.reshape(s, [BLOCK_M, BLOCK_P, N])
+        pm = tl.max(s3, 2)  # [BLOCK_M, BLOCK_P]
+        pm_safe = tl.where(pm == float("-inf"), 0.0, pm)
+        ps = tl.sum(tl.exp(s3 - pm_safe[:, :, None]), 2)
+        page_lse = tl.where(ps > 0, pm_safe + tl.log(ps), float("-inf"))
+        page = p0 + tl.arange(0, BLOCK_P)
+        tl.store(work_row + page[None, :], page_lse, mask=rm[:, None] & (page < end)[None, :])
+        m_new = tl.maximum(m_i, tl.max(page_lse, 1))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(s - safe[:, None]), 1)
+        l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(page_lse - safe[:, None]), 1)
         m_i = m_new
     lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
     out = part_ptr + (row.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * BLOCK_M
     tl.store(out + tl.arange(0, BLOCK_M), lse)
 
 
-@triton.jit(do_not_specialize=["head_slots", "stride_o"])
-def _anchor_decode_mass_kernel(
-    q_ptr, keys_ptr, bt_ptr, cols_ptr, lse_ptr, out_ptr, scale, head_slots,
-    stride_qt, stride_qh, stride_kp, stride_kt, stride_bt, stride_o,
-    HKV: tl.constexpr, G: tl.constexpr, N: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, NCOLS: tl.constexpr, C_PAST: tl.constexpr,
-    LOW_PRECISION: tl.constexpr,
+@triton.jit(do_not_specialize=["shares", "stride_wr", "stride_wh"])
+def _anchor_decode_pool_kernel(
+    cols_ptr, part_ptr, work_ptr, shares, stride_wr, stride_wh,
+    HKV: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_Q: tl.constexpr, NCOLS: tl.constexpr, C_PAST: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2, grid ``(rows, S)``: ``out [rows, P]`` the mean over the group's heads of each past
-    page's softmax weight, for this program's share of the row's ``PAST`` pages."""
+    """Pass 2, grid ``(rows, S2)``: ``LSE_h`` of the row from its ``shares`` partial log-sum-exps,
+    then for this program's share of the row's ``PAST`` pages the mean over the group's heads of
+    ``exp(work[row, h, p] - LSE_h)``, written to ``work[row, 0, p]``."""
     row = tl.program_id(0)
     req = row // HKV
-    kv = row % HKV
     past = tl.load(cols_ptr + req * NCOLS + C_PAST)
-    share = tl.cdiv(tl.cdiv(past, tl.num_programs(1)), BLOCK_P) * BLOCK_P
+    h = tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    for s0 in range(0, shares, BLOCK_S):
+        sh = s0 + tl.arange(0, BLOCK_S)
+        part = tl.load(part_ptr + (row.to(tl.int64) * shares + sh[:, None]) * BLOCK_M + h[None, :],
+                       mask=(sh < shares)[:, None], other=float("-inf"))  # fmt: skip
+        m_new = tl.maximum(m_i, tl.max(part, 0))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_i = l_i * tl.exp(m_i - safe) + tl.sum(tl.exp(part - safe[None, :]), 0)
+        m_i = m_new
+    lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
+    rm = h < G
+    lse = tl.where(rm, lse, float("inf"))  # heads past G weigh exp(-inf) = 0
+    share = tl.cdiv(tl.cdiv(past, tl.num_programs(1)), BLOCK_Q) * BLOCK_Q
     start = tl.program_id(1) * share
     end = tl.minimum(past, start + share)
-    qb, rm = _group_query(q_ptr, keys_ptr, req, kv, stride_qt, stride_qh, G, D, BLOCK_M, BLOCK_D, LOW_PRECISION)
-    lse = tl.load(lse_ptr + row.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M))
-    lse = tl.where(rm, lse, float("inf"))  # rows past G weigh exp(-inf) = 0
-    out_row = out_ptr + row.to(tl.int64) * stride_o
-    for p0 in range(start, end, BLOCK_P):
-        kt, j = _keys_t(keys_ptr, bt_ptr, req, kv, p0, end, stride_bt, stride_kp, stride_kt, head_slots,
-                        N, D, BLOCK_P, BLOCK_D)  # fmt: skip
-        s = tl.dot(qb, kt.to(qb.dtype), out_dtype=tl.float32) * scale
-        w = tl.exp(s - lse[:, None])  # past pages are whole: every key is visible
-        per_page = tl.sum(tl.reshape(tl.sum(w, 0) / G, [BLOCK_P, N]), 1)
-        page = p0 + tl.arange(0, BLOCK_P)
-        tl.store(out_row + page, per_page, mask=page < end)
+    work_row = work_ptr + row.to(tl.int64) * stride_wr
+    for p0 in range(start, end, BLOCK_Q):
+        page = p0 + tl.arange(0, BLOCK_Q)
+        pmask = page < end
+        page_lse = tl.load(work_row + h[:, None] * stride_wh + page[None, :], mask=rm[:, None] & pmask[None, :],
+                           other=float("-inf"))  # fmt: skip
+        mass = tl.sum(tl.exp(page_lse - lse[:, None]), 0) / G
+        tl.store(work_row + page, mass, mask=pmask)
 
 
 def anchor_decode_mass_triton(
@@ -133,10 +160,10 @@ def anchor_decode_mass_triton(
     num_kv_heads: int,
     head_slots: int,
     scale: float,
-    out: torch.Tensor,
+    work: torch.Tensor,
     programs: int | None = None,
 ) -> torch.Tensor:
-    """Kascade's anchor mass of every decode row, lengths read on the device; written into ``out``.
+    """Kascade's anchor mass of every decode row, lengths read on the device, one read of the keys.
 
     Args:
         query: ``[B, Hq, D]`` one token per decode request (last dim contiguous).
@@ -144,40 +171,43 @@ def anchor_decode_mass_triton(
         block_table: ``int32 [B, max_blocks]``; columns: ``int32 [B, NUM_COLUMNS]`` (any policy's:
             only ``TOTAL``, ``LAST`` and ``PAST`` are read, which every policy shares).
         head_slots: head slots per block (page id ``block * head_slots + head``).
-        out: ``float32 [>= B * Hkv, P]`` (a persistent buffer, last dim contiguous).
-        programs: programs per row (default ``programs_per_row``).
+        work: ``float32 [>= B * Hkv, >= G, P]`` a persistent workspace (last dim contiguous): the
+            pages' per-head log-sum-exps, then the mass over its head-0 plane.
+        programs: programs per row of the pass over the keys (default ``programs_per_row``).
     Returns:
-        ``out[:B * Hkv]``: per row the mass of each past page ``[0, PAST)`` (entries past it are
-        unspecified); equals ``anchor_decode_mass`` there up to rounding.
+        ``work[:B * Hkv, 0]`` (``float32 [B * Hkv, P]``, a view): per row the mass of each past page
+        ``[0, PAST)`` (entries past it are unspecified); equals ``anchor_decode_mass`` there up to
+        rounding.
     """
     from vllm_sparse.policy import LAST, NUM_COLUMNS, PAST, TOTAL
 
     b, hq, d = query.shape
     rows = b * num_kv_heads
-    res = out[:rows]
+    g = hq // num_kv_heads
+    res = work[:rows, 0]
     if rows == 0:
         return res
     assert query.stride(-1) == 1 and page_keys.stride(-1) == 1 and block_table.stride(-1) == 1
-    assert res.stride(-1) == 1 and res.dtype == torch.float32
+    assert work.dim() == 3 and work.shape[1] >= g and work.stride(-1) == 1 and work.dtype == torch.float32
     n = page_keys.shape[1]
-    g = hq // num_kv_heads
     block_m = max(16, triton.next_power_of_2(g))
     block_p = max(1, 64 // n)
-    progs = programs or programs_per_row(rows, out.shape[1], block_p, query.device)
+    page_cap = work.shape[2]
+    progs = programs or programs_per_row(rows, page_cap, block_p, query.device)
     low = query.is_cuda
     part = torch.empty(rows, progs, block_m, dtype=torch.float32, device=query.device)
-    common = dict(HKV=num_kv_heads, G=g, N=n, D=d, BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(d),
-                  BLOCK_P=block_p, NCOLS=NUM_COLUMNS, LOW_PRECISION=low, num_warps=4)  # fmt: skip
-    _anchor_decode_lse_kernel[(rows, progs)](
-        query, page_keys, block_table, columns, part, scale, head_slots,
+    _anchor_decode_pages_kernel[(rows, progs)](
+        query, page_keys, block_table, columns, part, work, scale, head_slots,
         query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1), block_table.stride(0),
-        C_TOTAL=TOTAL, C_LAST=LAST, **common,
+        work.stride(0), work.stride(1),
+        HKV=num_kv_heads, G=g, N=n, D=d, BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(d), BLOCK_P=block_p,
+        NCOLS=NUM_COLUMNS, C_TOTAL=TOTAL, C_LAST=LAST, LOW_PRECISION=low, num_warps=4,
     )  # fmt: skip
-    lse = torch.logsumexp(part, dim=1)  # [rows, BLOCK_M]
-    _anchor_decode_mass_kernel[(rows, progs)](
-        query, page_keys, block_table, columns, lse, res, scale, head_slots,
-        query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1), block_table.stride(0),
-        res.stride(0), C_PAST=PAST, **common,
+    block_q = min(POOL_PAGES, triton.next_power_of_2(page_cap))
+    _anchor_decode_pool_kernel[(rows, programs_per_row(rows, page_cap, block_q, query.device))](
+        columns, part, work, progs, work.stride(0), work.stride(1),
+        HKV=num_kv_heads, G=g, BLOCK_M=block_m, BLOCK_S=min(64, triton.next_power_of_2(progs)), BLOCK_Q=block_q,
+        NCOLS=NUM_COLUMNS, C_PAST=PAST, num_warps=4,
     )  # fmt: skip
     return res
 

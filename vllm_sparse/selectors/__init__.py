@@ -18,7 +18,7 @@ DEVICE_DECODE_METHODS = ("quoka", "quest", "twilight", "compact", "kascade")
 
 def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
     """The selector of ``config.method``; ``scale`` is the layer's softmax scale (default 1/sqrt(D)).
-    A selector with ``for_layer(layer, num_layers)`` (Kascade) is bound to its layer before use."""
+    A selector with ``for_layer(layer, num_layers, kv_heads)`` (Kascade) is bound to its layer before use."""
     window = config.query_window()
     if config.method == "quoka":
         return QuokaSelector(config.quoka.num_queries, query_window=window)

@@ -54,8 +54,9 @@ class KascadeSelector:
     fixed_counts = True  # exactly num_select pages per sparse row
 
     def __init__(self, config: SparseConfig, scale: float | None = None, layer: int | None = None,
-                 num_layers: int | None = None):  # fmt: skip
-        """Bound to one layer (``for_layer``) before it selects: ``layer`` of ``num_layers``."""
+                 num_layers: int | None = None, kv_heads: list[int] | None = None):  # fmt: skip
+        """Bound to one layer (``for_layer``) before it selects: ``layer`` of ``num_layers``;
+        ``kv_heads``: the model's KV heads this worker holds under tensor parallelism (None: all)."""
         self.config = config
         self.options: KascadeOptions = config.kascade
         self.scale = scale
@@ -68,7 +69,7 @@ class KascadeSelector:
             anchors = self.options.anchor_layers(num_layers or layer + 1)
             self.is_anchor = layer in anchors
             self.anchor = max((a for a in anchors if a <= layer), default=0)
-            self.head_map = self.options.head_map.get(layer)
+            self.head_map = self.options.local_head_map(layer, kv_heads)
 
     def _heads(self, device: torch.device) -> torch.Tensor | None:
         """``int64 [Hkv]`` the head map on ``device`` (copied once: no copy per step), or None."""
@@ -78,9 +79,10 @@ class KascadeSelector:
             self._head_map_dev = torch.tensor(self.head_map, dtype=torch.int64, device=device)
         return self._head_map_dev
 
-    def for_layer(self, layer: int, num_layers: int) -> KascadeSelector:
-        """This selector bound to ``layer`` (its anchor and head map)."""
-        return KascadeSelector(self.config, self.scale, layer, num_layers)
+    def for_layer(self, layer: int, num_layers: int, kv_heads: list[int] | None = None) -> KascadeSelector:
+        """This selector bound to ``layer`` (its anchor, and its head map over ``kv_heads``, the
+        model's KV heads of this worker in local order; None: every KV head)."""
+        return KascadeSelector(self.config, self.scale, layer, num_layers, kv_heads)
 
     def _scored(self, req: RequestPlan) -> bool:
         """Whether an anchor scores ``req``: its own layer or a later one may run it sparse."""
@@ -154,10 +156,11 @@ class KascadeSelector:
                        step: DecodeStep) -> None:  # fmt: skip
         """Every layer of a decode block on the device path, before it attends (sparse or dense): an
         anchor layer writes the anchor mass of every decode row into ``step.anchor`` (``query
-        [>= B, Hq, D]``; ``kernels.anchor_mass_decode``); other layers do nothing. No host sync."""
+        [>= B, Hq, D]``; ``kernels.anchor_mass_decode``, one read of the keys); other layers do
+        nothing. No host sync."""
         if not self.is_anchor:
             return
-        if step.anchor is None:
+        if step.anchor_work is None:
             raise RuntimeError(
                 "sparse_kascade: the decode step has no anchor buffer (DecodeColumns(anchor_scores=True))"
             )
@@ -166,7 +169,7 @@ class KascadeSelector:
         cols = next(iter(step.columns.values()))  # TOTAL, LAST and PAST: the same for every policy
         scale = self.scale or query.shape[-1] ** -0.5
         anchor_decode_mass_triton(query[: step.num_reqs], page_keys, step.block_table, cols,
-                                  layout.num_kv_heads, layout.num_head_slots, scale, step.anchor)  # fmt: skip
+                                  layout.num_kv_heads, layout.num_head_slots, scale, step.anchor_work)  # fmt: skip
         if step.anchor_pick is not None:  # new scores: the next layer that selects runs the top-k
             step.anchor_pick.layer = None
 
