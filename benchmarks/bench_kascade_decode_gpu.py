@@ -96,12 +96,41 @@ def case(timer: Timer, dense: DensePrefill, b: int, ctx: int, budget: float, see
     return r
 
 
+def sweep(timer: Timer, b: int, ctx: int, settings: list[tuple[int, int]], seed: int) -> list[dict]:
+    """The anchor scoring alone at each (keys per iteration, warps) of its pass over the keys."""
+    from vllm_sparse.kernels.anchor_mass_decode import anchor_decode_mass_triton
+
+    c = Cache("kascade", b, ctx + 1, seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    query = torch.randn(b, HQ, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    cfg = SparseConfig(method="kascade", sparse_decode=True, kascade={"anchors": ANCHORS})
+    cols = DecodeColumns([cfg.for_layer(2)], N, b, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV, anchor_scores=True,
+                         group_size=HQ // HKV)  # fmt: skip
+    step = cols.write(np.full(b, ctx + 1), c.block_table)
+    col = next(iter(step.columns.values()))
+    out, want = [], None
+    for keys, warps in settings:
+        def run(keys=keys, warps=warps):
+            anchor_decode_mass_triton(query, c.pk, step.block_table, col, HKV, c.layout.num_head_slots, SCALE,
+                                      step.anchor_work, block_keys=keys, num_warps=warps)  # fmt: skip
+
+        run()
+        got = step.anchor[:, : ctx // N].clone()
+        want = got if want is None else want
+        err = float((got - want).abs().max())
+        out.append({"batch": b, "context": ctx, "block_keys": keys, "num_warps": warps,
+                    "anchor_score_ms": timer(graphed(run)), "max_abs_vs_first": err})  # fmt: skip
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--decode", default="1:131072,16:16384")
     ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--sweep", default="", help="keys:warps,... of the anchor scoring's pass (scoring only)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,9 +138,10 @@ def main() -> None:
     dense = DensePrefill.create(D, N)
     assert dense is not None, "no FlashAttention in this vLLM build"
     results = []
+    settings = [tuple(map(int, s.split(":"))) for s in filter(None, args.sweep.split(","))]
     for seed, spec in enumerate(filter(None, args.decode.split(","))):
         b, ctx = map(int, spec.split(":"))
-        results.append(case(timer, dense, b, ctx, args.budget, seed))
+        results += sweep(timer, b, ctx, settings, seed) if settings else [case(timer, dense, b, ctx, args.budget, seed)]
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
     doc = {

@@ -38,9 +38,9 @@ def test_warm_up_runs_sparse_chunks_and_writes_no_cache(method):
         layout.page_values(batch.kv_cache), meta, hkv * group, d**-0.5, torch.float32, 256,
     )  # fmt: skip
     assert torch.equal(batch.kv_cache, before)
-    steps = warmup_steps(256 * n, n)
-    assert len(calls) == len(steps) and all(p.any_sparse for p in calls)
-    assert widths == [256] * len(steps), "block tables must have the engine's row stride"
+    steps = warmup_steps(256 * n, n)  # each twice: the layer's budget, then half of the past (nothing forced)
+    assert len(calls) == 2 * len(steps) and all(p.any_sparse for p in calls)
+    assert widths == [256] * 2 * len(steps), "block tables must have the engine's row stride"
     assert max(seqs) <= 256 * n, "a context past the engine's block table would compile other variants"
 
 
@@ -59,3 +59,30 @@ def test_warmup_steps_cover_the_launchers_tile_choices_within_the_context():
     assert all(s <= 4096 for _, s in short) and {c for c, _ in short} == chunks
     assert all(s <= 400 for _, s in warmup_steps(400)) and warmup_steps(400)
 
+
+
+def test_warm_up_scores_every_tile_whatever_the_forced_pages_leave(monkeypatch):
+    """A budget that the sink and local pages fill at a short past (25% of 233 tokens against 32 + 64
+    forced) selects nothing there; the warm-up's second pass (half of the past, nothing forced) still
+    scores such a short past, so Quest's page-tile variant for up to 32 pages is compiled at start
+    (it compiled during the first requests at tensor parallelism 2 before: one KV head per worker)."""
+    import vllm_sparse.selectors.quest as quest
+
+    hkv, group, n, d = 1, 4, 16, 32
+    planes = MetaPlanes.for_method("quest", hkv, n, d, torch.float32)
+    batch = make_paged_batch([700], hkv, n, d, meta_slots=planes.num_slots, seed=2)
+    layout = PageLayout.of(batch.kv_cache, hkv, "planes")
+    cfg = SparseConfig(method="quest", budget={"fraction": 0.25, "min_tokens": 64, "max_tokens": None},
+                       sink_tokens=32, local_tokens=64, dense_below_tokens=256)  # fmt: skip
+    scored, bounds = [], quest._bounds
+
+    def counting_bounds(q, meta, blocks):
+        scored.append((q.shape[0] > 16, blocks.shape[-1] > 32))  # the launcher's query and page tiles
+        return bounds(q, meta, blocks)
+
+    monkeypatch.setattr(quest, "_bounds", counting_bounds)
+    warm_up_prefill(
+        make_selector(cfg, d**-0.5), reference_executor, cfg.for_layer(1), layout, layout.page_keys(batch.kv_cache),
+        layout.page_values(batch.kv_cache), planes.views(batch.kv_cache), hkv * group, d**-0.5, torch.float32, 256,
+    )  # fmt: skip
+    assert set(scored) == {(q, p) for q in (False, True) for p in (False, True)}, scored

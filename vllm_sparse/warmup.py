@@ -8,7 +8,10 @@ here: its kernels compile during vLLM's decode warm-up steps and CUDA-graph capt
 ``warm_up_prefill`` runs the selector, the page tables and the executor of one layer on synthetic
 sparse chunks over existing pages of its cache (read only; nothing is written to the cache), in
 the shapes whose kernel variants real chunks reach, so that every tile and split choice the
-launchers make is compiled:
+launchers make is compiled, twice: under the layer's own budget, sink and local window, and under
+half the context with neither (``scoring_policy``), because the layer's forced pages can leave a
+short past nothing to score (sink 32 and local 64 fill a 25% budget of 233 tokens), while a real
+request's longer context then scores a page count of that tile:
 
 - chunks of 3, 33 and 300 queries: the query tiles (up to 16 scoring rows, up to 64, more);
 - a short past (a dozen pages), a long one (about 5,000 tokens) and one of 1,100 pages, each
@@ -28,7 +31,7 @@ import dataclasses
 
 import torch
 
-from vllm_sparse.config import LayerPolicy
+from vllm_sparse.config import Budget, LayerPolicy
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import plan_step
 from vllm_sparse.selectors.base import empty_selection
@@ -55,6 +58,13 @@ def warmup_steps(max_tokens: int | None, page_size: int = 16) -> list[tuple[int,
             if seq - chunk >= 1 and (chunk, seq) not in steps:
                 steps.append((chunk, seq))
     return steps
+
+
+def scoring_policy(policy: LayerPolicy, page_size: int) -> LayerPolicy:
+    """``policy`` selecting half of every warm-up chunk's past pages, none of them forced: every step
+    scores pages, whatever the layer's own budget, sink and local window leave to select."""
+    half = Budget(fraction=0.5, min_tokens=page_size, max_tokens=None)
+    return dataclasses.replace(policy, budget=half, sink_tokens=0, local_tokens=0)
 
 
 def warm_up_prefill(
@@ -89,11 +99,12 @@ def warm_up_prefill(
     # force_sparse config (or a tiny budget) takes while serving
     warm = dataclasses.replace(policy, dense=False, dense_below_tokens=0, force_sparse=True, sparse_prefill=True)
     gen = torch.Generator(device=device).manual_seed(0)
-    for chunk, seq in warmup_steps(block_table_width * n if block_table_width else None, n):
+    steps = warmup_steps(block_table_width * n if block_table_width else None, n)
+    for pol, (chunk, seq) in [(w, step) for w in (warm, scoring_policy(warm, n)) for step in steps]:
         pages = -(-seq // n)
         width = block_table_width or pages
         block_table = (torch.arange(width, device=device, dtype=torch.int32) % max(num_blocks, 1))[None, :]
-        plan = plan_step(warm, n, [0, chunk], [seq])
+        plan = plan_step(pol, n, [0, chunk], [seq])
         if not plan.any_sparse:
             continue
         query = torch.randn(chunk, num_heads, d, device=device, generator=gen).to(dtype)
@@ -105,7 +116,7 @@ def warm_up_prefill(
         tables = build_page_tables(plan, selection, block_table, layout)
         execute(query, page_keys, page_values, tables, plan, scale, out)
         # the tables of steps without a sparse row (one table shared by the layers)
-        dense_plan = plan_step(dataclasses.replace(warm, dense=True, force_sparse=False), n, [0, chunk], [seq])
+        dense_plan = plan_step(dataclasses.replace(pol, dense=True, force_sparse=False), n, [0, chunk], [seq])
         dense_sel = empty_selection(dense_plan, layout.num_kv_heads, device)
         execute(query, page_keys, page_values, build_page_tables(dense_plan, dense_sel, block_table, layout),
                 dense_plan, scale, out)  # fmt: skip

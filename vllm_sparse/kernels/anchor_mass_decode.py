@@ -162,6 +162,8 @@ def anchor_decode_mass_triton(
     scale: float,
     work: torch.Tensor,
     programs: int | None = None,
+    block_keys: int = 64,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Kascade's anchor mass of every decode row, lengths read on the device, one read of the keys.
 
@@ -174,6 +176,7 @@ def anchor_decode_mass_triton(
         work: ``float32 [>= B * Hkv, >= G, P]`` a persistent workspace (last dim contiguous): the
             pages' per-head log-sum-exps, then the mass over its head-0 plane.
         programs: programs per row of the pass over the keys (default ``programs_per_row``).
+        block_keys, num_warps: keys per iteration of that pass (whole pages) and its warps.
     Returns:
         ``work[:B * Hkv, 0]`` (``float32 [B * Hkv, P]``, a view): per row the mass of each past page
         ``[0, PAST)`` (entries past it are unspecified); equals ``anchor_decode_mass`` there up to
@@ -191,7 +194,7 @@ def anchor_decode_mass_triton(
     assert work.dim() == 3 and work.shape[1] >= g and work.stride(-1) == 1 and work.dtype == torch.float32
     n = page_keys.shape[1]
     block_m = max(16, triton.next_power_of_2(g))
-    block_p = max(1, 64 // n)
+    block_p = max(1, block_keys // n)
     page_cap = work.shape[2]
     progs = programs or programs_per_row(rows, page_cap, block_p, query.device)
     low = query.is_cuda
@@ -201,7 +204,7 @@ def anchor_decode_mass_triton(
         query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1), block_table.stride(0),
         work.stride(0), work.stride(1),
         HKV=num_kv_heads, G=g, N=n, D=d, BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(d), BLOCK_P=block_p,
-        NCOLS=NUM_COLUMNS, C_TOTAL=TOTAL, C_LAST=LAST, LOW_PRECISION=low, num_warps=4,
+        NCOLS=NUM_COLUMNS, C_TOTAL=TOTAL, C_LAST=LAST, LOW_PRECISION=low, num_warps=num_warps,
     )  # fmt: skip
     block_q = min(POOL_PAGES, triton.next_power_of_2(page_cap))
     _anchor_decode_pool_kernel[(rows, programs_per_row(rows, page_cap, block_q, query.device))](
