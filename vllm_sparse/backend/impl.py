@@ -117,7 +117,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
 
     def _model_kv_heads(self, vllm_config) -> list[int] | None:
         """The model's KV heads this worker holds, in its local order, under tensor parallelism
-        (None without it); its page-metadata counters go to a file of its own (``stats.set_rank``)."""
+        (None without it); its page counters go to a file of its own (``stats.set_rank``)."""
         tp = vllm_config.parallel_config.tensor_parallel_size
         mc = vllm_config.model_config
         if tp <= 1 or mc is None:
