@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import Timer  # noqa: E402
+from gpu_timing import Timer, write_results  # noqa: E402
 from step_breakdown_gpu import HKV, HQ, SCALE, Cache, D, N  # noqa: E402
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows  # noqa: E402
@@ -71,16 +70,13 @@ def main() -> None:
         r = case(timer, dense, args.q, ctx, settings, seed=i)
         results.append(r)
         print(json.dumps(r), flush=True)
-        doc = {
-            "benchmark": "Kascade prefill anchor scoring (two passes) vs FlashAttention, one layer, Llama-3.1-8B shapes",
-            "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "method": "CUDA events, median of reps, L2 flushed before each rep",
-            "hkv": HKV,
-            "results": results,
-        }
-        (out / "anchor_mass_gpu.json").write_text(json.dumps(doc, indent=1))
+        write_results(
+            out / "anchor_mass_gpu.json",
+            "Kascade prefill anchor scoring (two passes) vs FlashAttention, one layer, Llama-3.1-8B shapes",
+            "CUDA events, median of reps, L2 flushed before each rep",
+            results,
+            hkv=HKV,
+        )
         torch.cuda.empty_cache()
 
 

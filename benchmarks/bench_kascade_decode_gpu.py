@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import Timer, graphed  # noqa: E402
+from gpu_timing import Timer, graphed, write_results  # noqa: E402
 from step_breakdown_gpu import HKV, HQ, MAX_MODEL_LEN, SCALE, Cache, D, N  # noqa: E402
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows  # noqa: E402
@@ -144,15 +143,12 @@ def main() -> None:
         results += sweep(timer, b, ctx, settings, seed) if settings else [case(timer, dense, b, ctx, args.budget, seed)]
         print(json.dumps(results[-1]), flush=True)
         torch.cuda.empty_cache()
-    doc = {
-        "benchmark": "Kascade decode per layer and over all layers, Llama-3.1-8B layer shapes, the paper's anchors",
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "method": "CUDA events, median of reps, L2 flushed before each rep; CUDA-graph replays",
-        "results": results,
-    }
-    (out / "kascade_decode_gpu.json").write_text(json.dumps(doc, indent=1))
+    write_results(
+        out / "kascade_decode_gpu.json",
+        "Kascade decode per layer and over all layers, Llama-3.1-8B layer shapes, the paper's anchors",
+        "CUDA events, median of reps, L2 flushed before each rep; CUDA-graph replays",
+        results,
+    )
 
 
 if __name__ == "__main__":

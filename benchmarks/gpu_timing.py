@@ -1,6 +1,12 @@
-"""Shared by the GPU benchmarks: a CUDA-event timer with the L2 flushed before every repetition."""
+"""Shared by the GPU benchmarks: a CUDA-event timer with the L2 flushed before every repetition, and
+the JSON every benchmark writes (what it measured, with the exact command and the machine)."""
 
 from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
 
 import torch
 
@@ -35,3 +41,18 @@ def graphed(fn):
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
+
+
+def write_results(path: Path, benchmark: str, method: str, results: list, **extra) -> None:
+    """``path``: the benchmark's JSON (its description, the command that ran it, the GPU, torch, how
+    it timed, ``extra`` fields and the results)."""
+    doc = {
+        "benchmark": benchmark,
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "method": method,
+        **extra,
+        "results": results,
+    }
+    Path(path).write_text(json.dumps(doc, indent=1))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_timing import Timer
+from gpu_timing import Timer, write_results
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows
 from vllm_sparse.backend.flash_rows import FlashRowsExecutor
@@ -232,15 +231,12 @@ def main() -> None:
     results = []
 
     def save():
-        doc = {
-            "benchmark": "per-layer breakdown, Llama-3.1-8B layer shapes, shipped defaults (12.5% budget)",
-            "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-            "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "method": "CUDA events, median of reps, L2 flushed before each rep; decode timed as CUDA-graph replays",
-            "results": results,
-        }
-        (out / "step_breakdown_gpu.json").write_text(json.dumps(doc, indent=1))
+        write_results(
+            out / "step_breakdown_gpu.json",
+            "per-layer breakdown, Llama-3.1-8B layer shapes, shipped defaults (12.5% budget)",
+            "CUDA events, median of reps, L2 flushed before each rep; decode timed as CUDA-graph replays",
+            results,
+        )
 
     seed = 0
     for method in args.methods.split(","):

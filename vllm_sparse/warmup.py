@@ -115,6 +115,8 @@ def warm_up_prefill(
         selection = selector(query, page_keys, block_table, layout, plan, meta)
         tables = build_page_tables(plan, selection, block_table, layout)
         execute(query, page_keys, page_values, tables, plan, scale, out)
+        if pol is not warm:  # the dense tables below do not depend on the budget: warmed once
+            continue
         # the tables of steps without a sparse row (one table shared by the layers)
         dense_plan = plan_step(dataclasses.replace(pol, dense=True, force_sparse=False), n, [0, chunk], [seq])
         dense_sel = empty_selection(dense_plan, layout.num_kv_heads, device)
