@@ -533,7 +533,8 @@ def perf(args) -> dict:
         "tp": args.tp or 1,
     }
     specs = []
-    # variants after "+": dense_decode / sparse_decode (decode steps), windowW (chunk_query_window=W)
+    # variants after "+": dense_decode / sparse_decode (decode steps), windowW (chunk_query_window=W),
+    # bounds (quest.prefill_scores=bounds)
     for label in args.backends.split(","):  # e.g. "sparse_quoka+dense_decode", "sparse_twilight+window64"
         b, *variants = label.split("+")
         extra = {}
@@ -544,6 +545,8 @@ def perf(args) -> dict:
                     cfg["sparse_decode"] = variant == "sparse_decode"
                 elif variant.startswith("window"):
                     cfg["chunk_query_window"] = int(variant.removeprefix("window"))
+                elif variant == "bounds":  # Quest's (and Twilight's candidates') prefill by page bounds
+                    cfg["quest"] = {"prefill_scores": "bounds"}
                 else:
                     raise SystemExit(f"unknown backend variant {variant!r} in {label!r}")
             extra = {"additional_config": {"sparse_attention": cfg}}

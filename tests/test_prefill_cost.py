@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_sparse.config import SparseConfig
-from vllm_sparse.cost import COEFFICIENTS, PrefillCost, prefill_cost, scoring_queries
+from vllm_sparse.cost import COEFFICIENTS, PrefillCost, cost_method, prefill_cost, scoring_queries
 from vllm_sparse.policy import plan_request
 
 N = 16
@@ -56,10 +56,18 @@ def test_decode_rows_and_forced_sparse_ignore_the_model():
 
 def test_scoring_queries_per_method():
     assert scoring_queries(SparseConfig(method="quoka", quoka={"num_queries": 32})) == 32
-    assert scoring_queries(SparseConfig(method="quest")) == 64  # the default chunk_query_window
-    assert scoring_queries(SparseConfig(method="quest", chunk_query_window=0)) is None
+    bounds = {"prefill_scores": "bounds"}
+    assert scoring_queries(SparseConfig(method="quest", quest=bounds)) == 64  # the default chunk_query_window
+    assert scoring_queries(SparseConfig(method="quest", quest=bounds, chunk_query_window=0)) is None
     assert scoring_queries(SparseConfig(method="twilight")) == 64
-    assert scoring_queries(SparseConfig(method="quest", chunk_query_window=128)) == 128
+    assert scoring_queries(SparseConfig(method="quest", quest=bounds, chunk_query_window=128)) == 128
+    # Quest's default ranks a chunk's pages by QuoKA's exact scores: QuoKA's scoring queries and model
+    exact = SparseConfig(method="quest", quoka={"num_queries": 32}, chunk_query_window=0)
+    assert scoring_queries(exact) == 32
+    assert cost_method(exact) == "quoka" and cost_method(SparseConfig(method="quest", quest=bounds)) == "quest"
+    assert cost_method(SparseConfig(method="twilight")) == "twilight"
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert prefill_cost(exact, h100) == prefill_cost(SparseConfig(method="quoka", quoka={"num_queries": 32}), h100)
 
 
 def test_unknown_gpu_has_no_model():

@@ -21,7 +21,7 @@ from vllm_sparse.config import Budget, LayerPolicy, SparseConfig
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.policy import plan_step
-from vllm_sparse.selectors import QuestSelector, make_selector
+from vllm_sparse.selectors import QuestSelector, Selection, make_selector
 from vllm_sparse.selectors.quest import page_upper_bounds, reduce_and_pick
 
 
@@ -262,6 +262,36 @@ def test_decode_batch_selects_like_per_request(rule, hkv, group, dtype, monkeypa
     assert_same_selection(got_again, want)
 
 
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("hkv,group", [(2, 2), (1, 3)])
+def test_exact_prefill_scores_chunks_like_quoka_and_decodes_by_bounds(hkv, group, window):
+    """``quest.prefill_scores: exact``: a mixed step's prefill rows are QuoKA's selection (its
+    query subselection and cosine scores, every query unless a window is set), its decode rows
+    the bounds' selection; ``make_selector`` builds it by default, ``bounds`` restores the bounds."""
+    from vllm_sparse.selectors import QuokaSelector
+
+    args = mixed_step(hkv, group, seed=40 + hkv + group)
+    plan = args[4]
+    hkv_rows = lambda pred: [r * hkv + h for r, q in enumerate(plan.requests) if q.sparse and pred(q)  # noqa: E731
+                             for h in range(hkv)]  # fmt: skip
+    prefill, decode = hkv_rows(lambda q: q.query_len > 1), hkv_rows(lambda q: q.query_len == 1)
+    assert prefill and decode
+    got = QuestSelector("max", prefill=QuokaSelector(4, query_window=window))(*args)
+    chunks = QuokaSelector(4, query_window=window)(*args)
+    bounds = QuestSelector("max")(*args)
+    for rows, want in ((prefill, chunks), (decode, bounds)):
+        idx = torch.tensor(rows)
+        assert_same_selection(
+            Selection(got.indices[idx], got.counts[idx]), Selection(want.indices[idx], want.counts[idx])
+        )
+    cfg = SparseConfig(method="quest", quoka={"num_queries": 4}, chunk_query_window=window or 0)
+    assert_same_selection(make_selector(cfg)(*args), got)
+    by_bounds = SparseConfig(method="quest", quest={"prefill_scores": "bounds"}, chunk_query_window=window or 0)
+    assert_same_selection(make_selector(by_bounds)(*args), QuestSelector("max", query_window=window)(*args))
+    pre = torch.tensor(prefill)
+    assert not torch.equal(got.indices[pre], bounds.indices[pre])  # the two rules differ on these chunks
+
+
 def test_decode_bounds_rows_match_per_request_twin():
     from vllm_sparse.selectors.quest import page_upper_bounds_rows
 
@@ -275,3 +305,17 @@ def test_decode_bounds_rows_match_per_request_twin():
     for s in range(4):
         want = page_upper_bounds(q[s : s + 1], kmin[blocks[s]].transpose(0, 1), kmax[blocks[s]].transpose(0, 1))
         torch.testing.assert_close(got[s * hkv : (s + 1) * hkv], want)
+
+
+def test_twilight_candidates_follow_quests_prefill_rule():
+    """Twilight's Quest candidates rank prefill pages by the bounds unless asked for the exact scores."""
+    from vllm_sparse.selectors import QuokaSelector, TwilightSelector
+
+    tw = make_selector(SparseConfig(method="twilight"))
+    assert isinstance(tw, TwilightSelector) and tw.base.prefill is None
+    exact = make_selector(SparseConfig(method="twilight", quest={"prefill_scores": "exact"}))
+    assert isinstance(exact.base.prefill, QuokaSelector)
+    assert exact.base.prefill.query_window is None  # every query, while the estimate keeps its window of 64
+    assert exact.query_window == 64
+    assert SparseConfig(method="quest").quest_prefill_scores() == "exact"
+    assert SparseConfig(method="twilight").quest_prefill_scores() == "bounds"

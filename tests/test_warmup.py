@@ -73,7 +73,8 @@ def test_warm_up_scores_every_tile_whatever_the_forced_pages_leave(monkeypatch):
     batch = make_paged_batch([700], hkv, n, d, meta_slots=planes.num_slots, seed=2)
     layout = PageLayout.of(batch.kv_cache, hkv, "planes")
     cfg = SparseConfig(method="quest", budget={"fraction": 0.25, "min_tokens": 64, "max_tokens": None},
-                       sink_tokens=32, local_tokens=64, dense_below_tokens=256)  # fmt: skip
+                       sink_tokens=32, local_tokens=64, dense_below_tokens=256,
+                       quest={"prefill_scores": "bounds"})  # fmt: skip
     scored, bounds = [], quest._bounds
 
     def counting_bounds(q, meta, blocks):
@@ -86,3 +87,30 @@ def test_warm_up_scores_every_tile_whatever_the_forced_pages_leave(monkeypatch):
         layout.page_values(batch.kv_cache), planes.views(batch.kv_cache), hkv * group, d**-0.5, torch.float32, 256,
     )  # fmt: skip
     assert set(scored) == {(q, p) for q in (False, True) for p in (False, True)}, scored
+
+
+def test_warm_up_scores_quokas_query_tiles_for_quests_exact_prefill(monkeypatch):
+    """Under ``quest.prefill_scores: exact`` Quest's chunks rank pages with QuoKA's scoring: the
+    warm-up runs both of its query tiles (up to 16 grouped queries, and more), so neither compiles
+    in a first request."""
+    import vllm_sparse.selectors.quoka as quoka
+
+    hkv, group, n, d = 1, 4, 16, 32
+    planes = MetaPlanes.for_method("quest", hkv, n, d, torch.float32)
+    batch = make_paged_batch([700], hkv, n, d, meta_slots=planes.num_slots, seed=2)
+    layout = PageLayout.of(batch.kv_cache, hkv, "planes")
+    cfg = SparseConfig(method="quest", budget={"fraction": 0.25, "min_tokens": 64, "max_tokens": None},
+                       sink_tokens=32, local_tokens=64, dense_below_tokens=256)  # fmt: skip
+    assert cfg.quest_prefill_scores() == "exact"
+    tiles, top_pages = [], quoka._top_pages
+
+    def counting_top_pages(qbar, page_keys, ids, excluded, k):
+        tiles.append(qbar.shape[1] > 16)  # the scoring kernel's query tile
+        return top_pages(qbar, page_keys, ids, excluded, k)
+
+    monkeypatch.setattr(quoka, "_top_pages", counting_top_pages)
+    warm_up_prefill(
+        make_selector(cfg, d**-0.5), reference_executor, cfg.for_layer(1), layout, layout.page_keys(batch.kv_cache),
+        layout.page_values(batch.kv_cache), planes.views(batch.kv_cache), hkv * group, d**-0.5, torch.float32, 256,
+    )  # fmt: skip
+    assert set(tiles) == {False, True}, tiles

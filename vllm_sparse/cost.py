@@ -63,9 +63,17 @@ COEFFICIENTS: dict[tuple[str, str], tuple[float, float, float, float, float]] = 
 FAMILIES = {"H100": "hopper", "H200": "hopper", "H800": "hopper", "H20": "hopper", "GH200": "hopper"}
 
 
+def cost_method(config: SparseConfig) -> str:
+    """The method whose fitted prefill model applies: Quest ranking its chunks' pages by QuoKA's
+    exact scores (``quest.prefill_scores: exact``) runs QuoKA's selection and the same executor."""
+    if config.method == "quest" and config.quest_prefill_scores() == "exact":
+        return "quoka"
+    return config.method
+
+
 def scoring_queries(config: SparseConfig) -> int | None:
     """The queries of a chunk that score past pages under ``config`` (None: all of them)."""
-    if config.method == "quoka":
+    if cost_method(config) == "quoka":
         return config.quoka.num_queries
     return config.query_window()
 
@@ -73,7 +81,7 @@ def scoring_queries(config: SparseConfig) -> int | None:
 def prefill_cost(config: SparseConfig, device_name: str) -> PrefillCost | None:
     """The fitted model of ``config.method`` on the GPU ``device_name``; None without a table."""
     family = next((f for key, f in FAMILIES.items() if key in device_name.upper()), None)
-    coeffs = COEFFICIENTS.get((family, config.method)) if family else None
+    coeffs = COEFFICIENTS.get((family, cost_method(config))) if family else None
     if coeffs is None:
         return None
     return PrefillCost(*coeffs, scoring_queries=scoring_queries(config))

@@ -6,7 +6,8 @@ queries each selector scores with (``selectors.base.chunk_queries``: the chunk, 
 ``chunk_query_window`` queries), and each selector's torch scoring:
 
 * ``quest``: ``quest.page_upper_bounds`` on the pages' key min/max, ``quest.reduce_and_pick`` with
-  the config's ``gqa_reduce`` (the ``QuestSelector`` prefill path);
+  the config's ``gqa_reduce`` (the ``QuestSelector`` decode path, and its prefill path under
+  ``quest.prefill_scores: bounds``; under ``exact`` a chunk picks as ``quoka`` does);
 * ``quoka``: ``quoka.subselect_queries`` + ``group_query`` + ``score_pages``, top-k past the forced
   pages (``QuokaSelector``'s torch path);
 * ``twilight``: the base selector's candidates (``twilight.candidates``, its count from
@@ -120,7 +121,9 @@ def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.
     base = config.twilight.candidates if method == "twilight" else method
     if method == "compact":
         return PageChoice(plan, forced, compact_keep(config, plan, q, keys, forced, page_size, scale))
-    if base == "quest":
+    if base == "quest" and c > 1 and config.quest_prefill_scores() == "exact":  # a chunk: QuoKA's scores
+        picked = quoka_pick(config, chunk_queries(queries, plan, config.chunk_query_window or None), paged, forced, k)
+    elif base == "quest":
         picked = quest_pick(config, q, paged, forced, k, scale)
     elif base == "quoka":
         picked = quoka_pick(config, q, paged, forced, k)

@@ -23,11 +23,11 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
     if config.method == "quoka":
         return QuokaSelector(config.quoka.num_queries, query_window=window)
     if config.method == "quest":
-        return QuestSelector(config.quest.gqa_reduce, scale, query_window=window)
+        return _quest(config, scale, window)
     if config.method == "twilight":
         tw = config.twilight
         if tw.candidates == "quest":
-            base: Selector = QuestSelector(config.quest.gqa_reduce, scale, query_window=window)
+            base: Selector = _quest(config, scale, window)
         else:
             base = QuokaSelector(config.quoka.num_queries, query_window=window)
         return TwilightSelector(base, tw.top_p, scale, query_window=window)
@@ -39,6 +39,15 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
         f"sparse_{config.method} is not implemented yet; implemented: "
         + ", ".join(f"sparse_{m}" for m in IMPLEMENTED_METHODS)
     )
+
+
+def _quest(config: SparseConfig, scale: float | None, window: int | None) -> QuestSelector:
+    """Quest (or Twilight's Quest candidates): bounds, and QuoKA's exact scores for prefill chunks
+    under ``quest.prefill_scores: exact`` (every query of a chunk unless ``chunk_query_window`` is set)."""
+    exact = None
+    if config.quest_prefill_scores() == "exact":
+        exact = QuokaSelector(config.quoka.num_queries, query_window=config.chunk_query_window or None)
+    return QuestSelector(config.quest.gqa_reduce, scale, query_window=window, prefill=exact)
 
 
 __all__ = [

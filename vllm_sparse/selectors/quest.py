@@ -15,6 +15,13 @@ metadata slots (``metadata/page_minmax.py``):
      k_h that fits the budget, so the count stays the budget;
 3. the top ``plan.num_select`` pages that are not forced (sink, local window) are selected.
 
+Prefill chunks with ``quest.prefill_scores: exact`` (Quest's default) skip steps 1-2 and rank pages by
+QuoKA's exact scores instead (``QuokaSelector.chunk_pages``: the cosine of subselected queries
+with every key of a page). A bound is all a decode step can afford, since reading every past key
+to rank pages costs as much as attending them; a chunk of thousands of queries reads the keys
+once for all of them. On Qwen2.5-Coder-0.5B at 32K the bounds' ranking lost a quarter of the
+multi-key answers even with dense decode; the exact scores recover most of it (README, issue 16).
+
 The sparse decode requests of a step (one query each) are scored together: rows = decode
 requests x KV heads, page lists padded to the longest request (padding and forced pages
 excluded by a mask), one bounds launch, one GQA reduction and one top-k with the largest count;
@@ -36,6 +43,7 @@ from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import HEAD, TAIL, StepPlan
 from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection
 from vllm_sparse.selectors.decode_batch import DecodeBatch
+from vllm_sparse.selectors.quoka import QuokaSelector
 
 GqaReduce = Literal["max", "sum", "union"]
 QUERY_BLOCK = 256  # chunk queries scored at a time (bounds the [Hkv, G, C, P] intermediate)
@@ -197,11 +205,14 @@ class QuestSelector:
         scale: float | None = None,
         batch_decode: bool = True,
         query_window: int | None = None,
+        prefill: QuokaSelector | None = None,
     ):
         """``scale``: softmax scale for ``sum`` (default ``1/sqrt(D)``); ``batch_decode``: score the
         step's decode requests together (``False``: one request at a time, the reference);
         ``query_window``: prefill chunks take the max over their last ``query_window`` queries
-        only (None: over every query of the chunk)."""
+        only (None: over every query of the chunk); ``prefill``: the selector that picks the pages
+        of prefill chunks instead of the bounds (``quest.prefill_scores: exact``; None: bounds)."""
+        self.prefill = prefill
         self.query_window = query_window
         self.gqa_reduce = gqa_reduce
         self.scale = scale
@@ -220,7 +231,8 @@ class QuestSelector:
         ``[num_blocks, Hkv, D]``; returns rows ``B * Hkv`` with ``counts == num_select``.
 
         Sparse decode requests (one query token each) are scored together: one bounds launch,
-        one reduction and one top-k for all of them; prefill chunks one request at a time."""
+        one reduction and one top-k for all of them; prefill chunks one request at a time (by
+        ``self.prefill`` where set)."""
         if meta is None or meta.kmin is None:
             raise ValueError("sparse_quest needs the key min/max planes (PageMeta.kmin/kmax)")
         hkv = layout.num_kv_heads
@@ -236,10 +248,13 @@ class QuestSelector:
         for r, req in enumerate(plan.requests):
             if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
-            blocks = block_table[r, : req.num_past_pages].long()
-            q = chunk_queries(query, req, self.query_window)
-            scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
-            top = reduce_and_pick(scores, state.forced_past[r], req.num_select, self.gqa_reduce, scale)
+            if self.prefill is not None and req.query_len > 1:
+                top = self.prefill.chunk_pages(query, r, req, page_keys, block_table, layout, state.forced_past[r])
+            else:
+                blocks = block_table[r, : req.num_past_pages].long()
+                q = chunk_queries(query, req, self.query_window)
+                scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
+                top = reduce_and_pick(scores, state.forced_past[r], req.num_select, self.gqa_reduce, scale)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select

@@ -21,7 +21,7 @@ import torch
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
-from vllm_sparse.policy import StepPlan
+from vllm_sparse.policy import RequestPlan, StepPlan
 from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection, past_page_ids
 
 
@@ -149,14 +149,36 @@ class QuokaSelector:
         for r, req in enumerate(plan.requests):
             if not req.sparse or req.num_select == 0 or (batch is not None and req.query_len == 1):
                 continue
-            q = subselect_queries(chunk_queries(query, req, self.query_window), self.num_queries)
-            qbar = group_query(q.float(), hkv)
-            ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
-            top = _top_pages(qbar, page_keys, ids, state.forced_past[r], req.num_select)
+            top = self.chunk_pages(query, r, req, page_keys, block_table, layout, state.forced_past[r])
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
             sel.counts[rows] = req.num_select
         return sel
+
+    def chunk_pages(
+        self,
+        query: torch.Tensor,
+        r: int,
+        req: RequestPlan,
+        page_keys: torch.Tensor,
+        block_table: torch.Tensor,
+        layout: PageLayout,
+        forced_past: torch.Tensor,
+    ) -> torch.Tensor:
+        """The pages request ``r`` 's chunk selects (the steps above for one request).
+
+        Args:
+            query: ``[T, Hq, D]`` the step's queries; the chunk's are ``req`` 's rows of it.
+            page_keys: ``[num_pages, N, D]`` keys by physical page id.
+            block_table: ``int [B, max_blocks]``.
+            forced_past: ``int64 [F]`` past pages never picked (sink, local window).
+        Returns:
+            ``int64 [Hkv, req.num_select]`` logical pages, best first.
+        """
+        q = subselect_queries(chunk_queries(query, req, self.query_window), self.num_queries)
+        qbar = group_query(q.float(), layout.num_kv_heads)  # [Hkv, n, D]
+        ids = past_page_ids(block_table, r, req.num_past_pages, layout)  # [Hkv, P]
+        return _top_pages(qbar, page_keys, ids, forced_past, req.num_select)
 
     def select_decode(
         self,
