@@ -33,6 +33,7 @@ BAD: dict[str, tuple[object, object]] = {
     "force_sparse": ("on", NO_RANGE),
     "quoka.num_queries": (64.5, 0),
     "quest.gqa_reduce": (["max"], "mean"),
+    "quest.prefill_scores": (True, "quoka"),
     "twilight.top_p": ("0.9", 0.0),
     "twilight.candidates": (None, "kascade"),
     "twilight.candidate_fraction": (True, 1.01),
