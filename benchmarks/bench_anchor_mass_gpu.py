@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import Timer, write_results  # noqa: E402
+from gpu_timing import Timer, bench_setup, write_results  # noqa: E402
 from step_breakdown_gpu import HKV, HQ, SCALE, Cache, D, N  # noqa: E402
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows  # noqa: E402
@@ -59,11 +59,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="16384,65536,122880")
     ap.add_argument("--settings", default="1:4,16:4,64:4,16:8", help="steps:num_warps pairs")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    timer = Timer(args.reps)
-    dense = DensePrefill.create(D, N)
-    assert dense is not None, "no FlashAttention in this vLLM build"
+    out, timer, dense = bench_setup(args.out, args.reps, D, N)
     settings = [tuple(map(int, s.split(":"))) for s in args.settings.split(",")]
     results = []
     for i, ctx in enumerate(map(int, args.contexts.split(","))):

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import Timer, graphed, write_results  # noqa: E402
+from gpu_timing import Timer, bench_setup, graphed, write_results  # noqa: E402
 from step_breakdown_gpu import HKV, HQ, MAX_MODEL_LEN, SCALE, Cache, D, N  # noqa: E402
 
 from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows  # noqa: E402
@@ -131,11 +131,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--sweep", default="", help="keys:warps,... of the anchor scoring's pass (scoring only)")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    timer = Timer(args.reps)
-    dense = DensePrefill.create(D, N)
-    assert dense is not None, "no FlashAttention in this vLLM build"
+    out, timer, dense = bench_setup(args.out, args.reps, D, N)
     results = []
     settings = [tuple(map(int, s.split(":"))) for s in filter(None, args.sweep.split(","))]
     for seed, spec in enumerate(filter(None, args.decode.split(","))):

@@ -33,6 +33,18 @@ class Timer:
         return sorted(times)[len(times) // 2]
 
 
+def bench_setup(out: str, reps: int, head_dim: int, page_size: int):
+    """What every per-layer GPU benchmark starts with: its output folder (made), the timer and vLLM's
+    dense FlashAttention for the shapes. Returns ``(out, timer, dense)``."""
+    from vllm_sparse.backend.dense_prefill import DensePrefill
+
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    dense = DensePrefill.create(head_dim, page_size)
+    assert dense is not None, "no FlashAttention in this vLLM build"
+    return path, Timer(reps), dense
+
+
 def graphed(fn):
     """``fn`` captured in a CUDA graph (run once before, to compile): its replay."""
     fn()

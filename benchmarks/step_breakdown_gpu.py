@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_timing import Timer, write_results
+from gpu_timing import bench_setup, write_results
 
-from vllm_sparse.backend.dense_prefill import DensePrefill, DenseRows
+from vllm_sparse.backend.dense_prefill import DenseRows
 from vllm_sparse.backend.flash_rows import FlashRowsExecutor
 from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
@@ -223,11 +223,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the selection's kernel times per decode case")
     ap.add_argument("--compare-executors", action="store_true", help="also time the previous prefill executor")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    timer = Timer(args.reps)
-    dense = DensePrefill.create(D, N)
-    assert dense is not None, "no FlashAttention in this vLLM build"
+    out, timer, dense = bench_setup(args.out, args.reps, D, N)
     results = []
 
     def save():
