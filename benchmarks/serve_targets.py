@@ -7,7 +7,8 @@ target, the runs' values, their mean, met or not) and prints one line per target
     python benchmarks/serve_targets.py --out benchmarks/results/serve_bench_h100_session10/targets.json
 
 Which runs stand for a backend can differ per load (``use``): a load re-measured after a change of the
-code it exercises takes the new runs only.
+code it exercises takes the new runs only. ``--run serve_bench.json`` checks one run alone (a run on
+another GPU kind, whose ratios must not be averaged with these).
 """
 
 import argparse
@@ -17,7 +18,9 @@ import sys
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("--out", required=True)
-OUT = ap.parse_args().out
+ap.add_argument("--run", help="check this serve_bench.json alone (every backend it holds) instead of the recorded runs")
+ARGS = ap.parse_args()
+OUT = ARGS.out
 
 R = "benchmarks/results/"
 runs = {
@@ -38,6 +41,11 @@ use = {
     "sparse_quoka+sparse_decode": {"*": ["s8_run1"]} | {ld: ["s9"] for ld in DECODE_LOADS},
     "FLASHINFER": {"*": ["s8_run1"]},
 }
+WHAT = "H100 80GB HBM3"
+if ARGS.run:  # one run: its own backends against its own FLASH_ATTN
+    runs = {"run": ARGS.run}
+    use = {b: {"*": ["run"]} for b in use}
+    WHAT = json.load(open(ARGS.run)).get("gpu", "?").split("\n")[0]
 docs = {k: json.load(open(v))["summary"] for k, v in runs.items()}
 targets = [
     (
@@ -107,7 +115,9 @@ for load, metric, tg in targets:
             {"load": load, "metric": metric, "backend": b, "target": f"{op} {t}", "runs": vals, "mean": mean, "met": ok}
         )
 out = {
-    "what": "Targets of issues 11 and 18 against the mean of the runs named (each run a ratio to FLASH_ATTN measured on the same machine, same session); H100 80GB HBM3, vLLM 0.33 default mode, Llama-3.1-8B shapes with random weights, 12.5% budget, shipped defaults",
+    "what": "Targets of issues 11 and 18 against the mean of the runs named (each run a ratio to FLASH_ATTN measured on the same machine, same session); "
+    + WHAT
+    + ", vLLM 0.33 default mode, Llama-3.1-8B shapes with random weights, 12.5% budget, shipped defaults",
     "runs": runs,
     "runs_used": use,
     "command": "python " + shlex.join(sys.argv),
@@ -117,5 +127,5 @@ out = {
 json.dump(out, open(OUT, "w"), indent=1)
 for r in rows:
     print(
-        f"{r['load']:9s} {r['metric']:32s} {r['backend']:28s} {r['target']:7s} {r['runs']} mean {r['mean']} {'MET' if r['met'] else 'missed'}"
+        f"{r['load']:9s} {r['metric']:32s} {r['backend']:28s} {r['target']:7s} {r['runs']} mean {r['mean']} {'MET' if r['met'] else 'not run' if r['met'] is None else 'missed'}"
     )

@@ -49,7 +49,10 @@ def selectors(window):
     return {
         "quoka": QuokaSelector(8, query_window=window),
         "quest": QuestSelector("max", query_window=window),
-        "twilight": TwilightSelector(QuestSelector("max", query_window=window), 0.9, query_window=window),
+        # pruned chunks: the window decides both the candidates and the top-p estimate
+        "twilight": TwilightSelector(
+            QuestSelector("max", query_window=window), 0.9, query_window=window, prune_prefill=True
+        ),
     }
 
 

@@ -37,6 +37,7 @@ BAD: dict[str, tuple[object, object]] = {
     "twilight.top_p": ("0.9", 0.0),
     "twilight.candidates": (None, "kascade"),
     "twilight.candidate_fraction": (True, 1.01),
+    "twilight.prune_prefill": ("no", NO_RANGE),
     "kascade.anchors": (3.5, "every_other"),
     "kascade.num_anchors": ("five", 0),
     "kascade.head_map": ([0, 1], {"2": [True, 1]}),

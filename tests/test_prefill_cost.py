@@ -59,13 +59,19 @@ def test_scoring_queries_per_method():
     bounds = {"prefill_scores": "bounds"}
     assert scoring_queries(SparseConfig(method="quest", quest=bounds)) == 64  # the default chunk_query_window
     assert scoring_queries(SparseConfig(method="quest", quest=bounds, chunk_query_window=0)) is None
-    assert scoring_queries(SparseConfig(method="twilight")) == 64
+    pruned = {"prune_prefill": True}
+    assert scoring_queries(SparseConfig(method="twilight", twilight=pruned)) == 64
     assert scoring_queries(SparseConfig(method="quest", quest=bounds, chunk_query_window=128)) == 128
     # Quest's default ranks a chunk's pages by QuoKA's exact scores: QuoKA's scoring queries and model
     exact = SparseConfig(method="quest", quoka={"num_queries": 32}, chunk_query_window=0)
     assert scoring_queries(exact) == 32
     assert cost_method(exact) == "quoka" and cost_method(SparseConfig(method="quest", quest=bounds)) == "quest"
-    assert cost_method(SparseConfig(method="twilight")) == "twilight"
+    # Twilight's chunks: pruned, its own model; unpruned (the default), its candidates' selector alone
+    assert cost_method(SparseConfig(method="twilight", twilight=pruned)) == "twilight"
+    assert cost_method(SparseConfig(method="twilight")) == "quoka"  # Quest candidates ranked by exact scores
+    assert cost_method(SparseConfig(method="twilight", quest=bounds)) == "quest"
+    assert cost_method(SparseConfig(method="twilight", twilight={"candidates": "quoka"})) == "quoka"
+    assert scoring_queries(SparseConfig(method="twilight", quoka={"num_queries": 32})) == 32
     h100 = "NVIDIA H100 80GB HBM3"
     assert prefill_cost(exact, h100) == prefill_cost(SparseConfig(method="quoka", quoka={"num_queries": 32}), h100)
 

@@ -308,14 +308,22 @@ def test_decode_bounds_rows_match_per_request_twin():
 
 
 def test_twilight_candidates_follow_quests_prefill_rule():
-    """Twilight's Quest candidates rank prefill pages by the bounds unless asked for the exact scores."""
+    """Twilight's Quest candidates rank prefill pages by exact scores when its chunks attend them all
+    (the default), by the bounds when its top-p prunes them (``prune_prefill``), unless set."""
     from vllm_sparse.selectors import QuokaSelector, TwilightSelector
 
     tw = make_selector(SparseConfig(method="twilight"))
-    assert isinstance(tw, TwilightSelector) and tw.base.prefill is None
-    exact = make_selector(SparseConfig(method="twilight", quest={"prefill_scores": "exact"}))
+    assert isinstance(tw, TwilightSelector) and not tw.prune_prefill
+    assert isinstance(tw.base.prefill, QuokaSelector)
+    assert tw.base.prefill.query_window is None  # every query, while the estimate keeps its window of 64
+    assert tw.query_window == 64
+    pruned = make_selector(SparseConfig(method="twilight", twilight={"prune_prefill": True}))
+    assert pruned.prune_prefill and pruned.base.prefill is None
+    exact = make_selector(
+        SparseConfig(method="twilight", twilight={"prune_prefill": True}, quest={"prefill_scores": "exact"})
+    )
     assert isinstance(exact.base.prefill, QuokaSelector)
-    assert exact.base.prefill.query_window is None  # every query, while the estimate keeps its window of 64
-    assert exact.query_window == 64
     assert SparseConfig(method="quest").quest_prefill_scores() == "exact"
-    assert SparseConfig(method="twilight").quest_prefill_scores() == "bounds"
+    assert SparseConfig(method="twilight").quest_prefill_scores() == "exact"
+    assert SparseConfig(method="twilight", twilight={"prune_prefill": True}).quest_prefill_scores() == "bounds"
+    assert SparseConfig(method="twilight", quest={"prefill_scores": "bounds"}).quest_prefill_scores() == "bounds"

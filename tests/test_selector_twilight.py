@@ -118,10 +118,13 @@ def sparse_policy(fraction=0.5, sink=4, local=8, cap=None) -> LayerPolicy:
     return LayerPolicy(False, Budget(fraction=fraction, min_tokens=0, max_tokens=None), sink, local, 0, cap)
 
 
+@pytest.mark.parametrize("prune_prefill", [True, False])
 @pytest.mark.parametrize("order", ["planes", "interleaved"])
 @pytest.mark.parametrize("top_p", [0.5, 0.9])
 @pytest.mark.parametrize("hkv,group", [(2, 2), (1, 3)])
-def test_twilight_matches_brute_force(order, top_p, hkv, group):
+def test_twilight_matches_brute_force(order, top_p, hkv, group, prune_prefill):
+    """Decode rows keep the brute-force top-p set of their candidates; prefill chunks the same under
+    ``prune_prefill``, else every candidate."""
     n, d = 4, 16
     reqs = [(13, 97), (1, 83), (9, 9), (1, 130)]
     seq_lens = [s for _, s in reqs]
@@ -139,7 +142,7 @@ def test_twilight_matches_brute_force(order, top_p, hkv, group):
                 picks[r * hkv + kh] = [free[i] for i in perm]
     query = randn(qsl[-1], hkv * group, d, g=g) * 3  # peaked attention: top-p keeps few pages
     scale = d**-0.5
-    sel = TwilightSelector(FixedCandidates(picks), top_p)(
+    sel = TwilightSelector(FixedCandidates(picks), top_p, prune_prefill=prune_prefill)(
         query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
     )
     varied = set()
@@ -151,6 +154,9 @@ def test_twilight_matches_brute_force(order, top_p, hkv, group):
                 assert count == 0
                 continue
             got = sel.indices[row, :count].tolist()
+            if req.query_len > 1 and not prune_prefill:  # a chunk attends every candidate, in order
+                assert got == picks[row], (r, kh)
+                continue
             # brute force: dequantized shadows of the request's own keys, float64
             forced = [p for p in req.forced.tolist() if p < req.num_past_pages]
             pages = forced + picks[row]
@@ -171,7 +177,7 @@ def test_twilight_matches_brute_force(order, top_p, hkv, group):
             assert set(got) == union and len(got) == len(union), (r, kh)
             assert set(sel.indices[row, : req.num_select].tolist()) == set(picks[row])  # a permutation
             varied.add(count)
-    assert len(varied) > 1  # per-row budgets really vary
+    assert len(varied) > 1 or not prune_prefill  # per-row budgets really vary (two decode rows alone may tie)
 
 
 def test_top_p_one_keeps_every_candidate_and_quest_is_the_default_base():
@@ -205,7 +211,7 @@ def test_planted_page_alone_reaches_top_p():
     write_page_minmax(layout, batch.kv_cache, meta, torch.tensor([block * n + n - 1]))
     sel = TwilightSelector(QuestSelector(), 0.9)(
         query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
-    )
+    )  # one query: a decode step, pruned whatever prune_prefill says
     assert req.num_select > 5
     assert sel.counts.tolist() == [1] and sel.indices[0, 0] == target
 
@@ -224,7 +230,7 @@ def test_variable_counts_through_tables_and_executor(group):
     qsl = query_start_loc([ql for ql, _ in reqs])
     plan = plan_step(sparse_policy(), n, qsl, seq_lens)
     query = randn(qsl[-1], hkv * group, d, g=gen(group + 3)) * 3
-    sel = TwilightSelector(QuestSelector(), 0.7)(
+    sel = TwilightSelector(QuestSelector(), 0.7, prune_prefill=True)(
         query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
     )
     tables = build_page_tables(plan, sel, batch.block_table, layout)
@@ -318,11 +324,12 @@ def test_decode_batch_selects_like_per_request(rule, top_p, hkv, group, monkeypa
     plan = args[4]
     assert sum(r.sparse and r.query_len == 1 for r in plan.requests) >= 4
     assert any(r.sparse and r.query_len > 1 for r in plan.requests) and not all(r.sparse for r in plan.requests)
-    want = TwilightSelector(QuestSelector(rule, batch_decode=False), top_p, batch_decode=False)(*args)
+    reference = TwilightSelector(QuestSelector(rule, batch_decode=False), top_p, batch_decode=False, prune_prefill=True)
+    want = reference(*args)
     calls = []
     per_request = twilight._page_mass
     monkeypatch.setattr(twilight, "_page_mass", lambda q, *a: calls.append(q.shape[0]) or per_request(q, *a))
-    got = TwilightSelector(QuestSelector(rule), top_p)(*args)
+    got = TwilightSelector(QuestSelector(rule), top_p, prune_prefill=True)(*args)
     assert calls == [13]  # only the prefill chunk went one request at a time
     assert_same_selection(got, want)
     sparse_rows = [r * hkv + h for r, q in enumerate(plan.requests) if q.sparse for h in range(hkv)]

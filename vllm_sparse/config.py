@@ -104,13 +104,23 @@ class QuestOptions(_Strict):
 class TwilightOptions(_Strict):
     """Twilight: the base selector proposes ``candidate_fraction`` of the context as candidates
     (clamped by ``budget.max_tokens`` when set; the budget's fraction only decides, as for every
-    method, whether a request runs sparse at all); the candidate pages are then pruned to the
-    smallest set whose estimated attention mass reaches ``top_p``, so rows attend at most
-    ``candidate_fraction`` of the context plus the forced pages, usually far fewer."""
+    method, whether a request runs sparse at all); a decode step's candidate pages are then pruned to
+    the smallest set whose estimated attention mass reaches ``top_p``, so its rows attend at most
+    ``candidate_fraction`` of the context plus the forced pages, usually far fewer.
+
+    ``prune_prefill``: prune prefill chunks' candidates too, by the mass their last
+    ``chunk_query_window`` queries estimate (and rank them by the bounds, ``quest_prefill_scores``).
+    Off by default: the paper prunes decode steps only, and a chunk's pruned set serves the few
+    queries that estimated it, not the thousands that attend it. On Qwen2.5-Coder-1.5B at 32K
+    (shipped config, 25%, 80 prompts, one H200, same run) unpruned chunks answered -0.06
+    [-0.12, -0.01] against dense and pruned ones -0.15 [-0.21, -0.09] (+0.09 [+0.03, +0.14] paired;
+    a 256-query estimate did not help: -0.16); identical at 16K, where the cost model ran the chunks
+    dense (benchmarks/results/eval_qwen1.5b_gpu_session17/)."""
 
     top_p: Float = Field(0.95, gt=0.0, le=1.0)
     candidates: Literal["quest", "quoka"] = "quest"
     candidate_fraction: Float = Field(0.25, gt=0.0, le=1.0)
+    prune_prefill: Bool = False
 
 
 EVENLY_SPACED = "evenly_spaced"
@@ -311,8 +321,8 @@ class SparseConfig(_Strict):
     sparse_prefill: Bool | None = None
     # Prefill chunks score pages with their last ``chunk_query_window`` queries only; 0: every query
     # of the chunk (the papers' rule); None: the method's default (``DEFAULT_CHUNK_QUERY_WINDOW``):
-    # 64 for Twilight (its INT4 mass estimate over every query of an 8K chunk made TTFT at 128K 5x
-    # slower than dense; with 64, faster than dense at equal accuracy, benchmarks/results/e2e_gpu.json)
+    # 64 for Twilight (under ``twilight.prune_prefill`` its INT4 mass estimate over every query of an 8K
+    # chunk made TTFT at 128K 5x slower than dense; with 64, faster than dense, benchmarks/results/e2e_gpu.json)
     # and for Quest (the prompt's last chunk then selects for its question and answer prefix, whose
     # last token gives the first answer token; dense accuracy on the 0.5B needle eval at 8K and 16K,
     # benchmarks/results/eval_qwen0.5b_cpu_query_window/; on the 1.5B at 32K every query ties with it),
@@ -354,12 +364,15 @@ class SparseConfig(_Strict):
         """The resolved ``quest.prefill_scores``. Default exact for Quest: on Qwen2.5-Coder-0.5B
         (shipped config, 25%, 20 prompts per task) it answered +0.05 [-0.00, +0.10] better than the
         bounds at 32K (multi-key +0.15) and +0.02 at 16K, for 2% more TTFT at 130K on an H200
-        (benchmarks/results/eval_qwen0.5b_gpu_session16/). Bounds for Twilight's candidates: there
-        the exact scores changed nothing measurable (+0.00 at 16K, +0.01 at 32K), since its top-p
-        prunes the candidates anyway, and they cost selection time."""
+        (benchmarks/results/eval_qwen0.5b_gpu_session16/). The same for Twilight's Quest candidates,
+        which its prefill chunks attend unpruned (``twilight.prune_prefill`` off). Bounds for them
+        under ``prune_prefill``: there the exact scores changed nothing measurable (+0.00 at 16K,
+        +0.01 at 32K), since the top-p prunes the candidates anyway, and they cost selection time."""
         if self.quest.prefill_scores is not None:
             return self.quest.prefill_scores
-        return "exact" if self.method == "quest" else "bounds"
+        if self.method == "twilight" and self.twilight.prune_prefill:
+            return "bounds"
+        return "exact"
 
     def model_reasons(self, num_layers: int, num_kv_heads: int | None = None, tp_size: int = 1) -> list[str]:
         """Reasons this config does not fit a model with ``num_layers`` attention layers (and

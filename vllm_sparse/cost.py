@@ -64,11 +64,16 @@ FAMILIES = {"H100": "hopper", "H200": "hopper", "H800": "hopper", "H20": "hopper
 
 
 def cost_method(config: SparseConfig) -> str:
-    """The method whose fitted prefill model applies: Quest ranking its chunks' pages by QuoKA's
-    exact scores (``quest.prefill_scores: exact``) runs QuoKA's selection and the same executor."""
-    if config.method == "quest" and config.quest_prefill_scores() == "exact":
+    """The method whose fitted prefill model applies to ``config``'s prefill chunks: Quest ranking
+    its chunks' pages by QuoKA's exact scores (``quest.prefill_scores: exact``) runs QuoKA's
+    selection and the same executor; Twilight's chunks, unpruned (``twilight.prune_prefill`` off),
+    run its candidate selector alone."""
+    method = config.method
+    if method == "twilight" and not config.twilight.prune_prefill:
+        method = config.twilight.candidates
+    if method == "quest" and config.quest_prefill_scores() == "exact":
         return "quoka"
-    return config.method
+    return method
 
 
 def scoring_queries(config: SparseConfig) -> int | None:

@@ -12,7 +12,8 @@ queries each selector scores with (``selectors.base.chunk_queries``: the chunk, 
   pages (``QuokaSelector``'s torch path);
 * ``twilight``: the base selector's candidates (``twilight.candidates``, its count from
   ``candidate_fraction``), the INT4 shadow estimate ``twilight.estimate_page_mass`` over forced +
-  candidate pages, ``twilight.top_p_keep`` (``TwilightSelector``'s prefill path);
+  candidate pages, ``twilight.top_p_keep`` (``TwilightSelector``'s decode rule; a prefill chunk
+  keeps every candidate unless ``twilight.prune_prefill``);
 * ``compact``: the block means of the complete past blocks, ``compact.tile_block_keep`` and
   ``compact.union_counts`` (``compact.past_page_keep``, ``CompactSelector``'s path): every past page of a kept block, the pages of
   the incomplete last blocks always (``select_all``: no budget, alpha decides how many).
@@ -129,7 +130,7 @@ def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.
         picked = quoka_pick(config, q, paged, forced, k)
     else:
         raise ValueError(f"no recall measure for method {method!r}")
-    if method == "twilight":
+    if method == "twilight" and (c == 1 or config.twilight.prune_prefill):  # chunks keep every candidate by default
         return PageChoice(plan, forced, twilight_keep(config, q, paged, forced, picked, scale))
     return PageChoice(plan, forced, list(picked))
 

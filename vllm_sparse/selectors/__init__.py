@@ -30,7 +30,7 @@ def make_selector(config: SparseConfig, scale: float | None = None) -> Selector:
             base: Selector = _quest(config, scale, window)
         else:
             base = QuokaSelector(config.quoka.num_queries, query_window=window)
-        return TwilightSelector(base, tw.top_p, scale, query_window=window)
+        return TwilightSelector(base, tw.top_p, scale, query_window=window, prune_prefill=tw.prune_prefill)
     if config.method == "kascade":
         return KascadeSelector(config, scale)
     if config.method == "compact":

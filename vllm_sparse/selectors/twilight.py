@@ -4,7 +4,8 @@ Per sparse request and KV head:
 
 1. the base selector (Quest by default) proposes ``plan.num_select`` candidate past pages (the
    policy sets that to ``twilight.candidate_fraction`` of the context, clamped by the budget's
-   ``max_tokens``);
+   ``max_tokens``); a prefill chunk attends them all (unless ``prune_prefill``), a decode step
+   goes on:
 2. every query head estimates its attention weights over the candidate tokens and the forced
    past tokens (sink, local window) from the INT4 key shadows
    (``metadata/int4_shadow.py``): ``softmax(q . k_int4 * scale)``; in a prefill chunk the
@@ -16,9 +17,9 @@ Per sparse request and KV head:
    number of pages (``Selection.counts``), at most the candidate count.
 
 Differences from the paper: pages rather than tokens are kept (a page with a heavy token is
-kept whole), the forced sink/local pages count towards ``top_p`` (the chunk's own tokens do not
-enter the estimate), and chunks use the mean distribution over their queries; the paper is
-decode-only.
+kept whole) and the forced sink/local pages count towards ``top_p``. The paper is decode-only, and
+so is the pruning by default; with ``prune_prefill`` a chunk is pruned by the mean distribution
+over its (last ``query_window``) queries, and its own tokens do not enter the estimate.
 
 The sparse decode requests of a step (one query each) go together: their candidate rows
 (requests x KV heads, padded to the largest count) are estimated in one batch, pruned by one
@@ -157,12 +158,15 @@ class TwilightSelector:
         scale: float | None = None,
         batch_decode: bool = True,
         query_window: int | None = None,
+        prune_prefill: bool = False,
     ):
         """``base``: candidate selector; ``scale``: softmax scale (default ``1/sqrt(D)``);
         ``batch_decode``: estimate the step's decode requests together (``False``: one request at
-        a time, the reference); ``query_window``: prefill chunks estimate the mass from their last
-        ``query_window`` queries only (None: every query)."""
+        a time, the reference); ``prune_prefill``: prune prefill chunks' candidates too (False: a
+        chunk attends every candidate); ``query_window``: pruned chunks estimate the mass from their
+        last ``query_window`` queries only (None: every query)."""
         self.query_window = query_window
+        self.prune_prefill = prune_prefill
         self.base = base
         self.top_p = top_p
         self.scale = scale
@@ -182,7 +186,8 @@ class TwilightSelector:
         ``B * Hkv`` with ``counts <= num_select``, kept pages first.
 
         Sparse decode requests (one query token each) are estimated and pruned together, their
-        variable counts staying on the device; prefill chunks one request at a time."""
+        variable counts staying on the device; prefill chunks keep their candidates, or under
+        ``prune_prefill`` are pruned one request at a time."""
         if meta is None or meta.codes is None:
             raise ValueError("sparse_twilight needs the INT4 key shadow planes (PageMeta.codes)")
         cand = self.base(query, page_keys, block_table, layout, plan, meta)
@@ -199,6 +204,10 @@ class TwilightSelector:
             rows = slice(r * hkv, (r + 1) * hkv)
             k = req.num_select
             picked = cand.indices[rows, :k]  # [Hkv, K] logical candidate pages
+            if req.query_len > 1 and not self.prune_prefill:  # a chunk attends every candidate
+                sel.indices[rows, :k] = picked
+                sel.counts[rows] = cand.counts[rows]
+                continue
             forced = state.forced_past[r]
             pages = torch.cat([forced[None, :].expand(hkv, -1), picked], dim=1)  # [Hkv, F + K]
             blocks = block_table[r].long()[pages]  # [Hkv, F + K]
