@@ -11,7 +11,11 @@ Loads (``--loads``, names from ``LOADS``): ``tpot128k`` one 130,000-token prompt
 ``decode16`` 16 concurrent 16,000-token prompts, 256 new tokens (arriving together: prefill, then
 16 decodes); ``A`` 32 requests of 16,000/256 at concurrency 16; ``B`` 8 of 64,000/128 at
 concurrency 4; ``C`` 6 of 16,000/16 one at a time. Every server log is scanned for vLLM's
-"JIT compilation during inference" warnings (kernels compiled while serving).
+"JIT compilation during inference" warnings (kernels compiled while serving). ``prof16k`` and
+``prof128k`` (one per server, left out of the plot) serve one request of 16,000 or 130,000 tokens with
+vLLM's torch profiler on for 24 of its decode steps, traces in ``DIR/profile_<label>/``; then
+``benchmarks/decode_trace.py DIR/profile_flash_attn DIR/profile_sparse_quoka`` says where each step's
+time goes. Per-request ITLs and TTFTs are kept in every result JSON (``--save-detailed``).
 
     python benchmarks/serve_bench.py run --out DIR [--backends FLASH_ATTN,FLASHINFER,sparse_quest,...]
     python benchmarks/serve_bench.py plot DIR/serve_bench.json     # PNG beside the JSON
@@ -46,7 +50,11 @@ LOADS = {
     "A": {"input": 16000, "output": 256, "prompts": 32, "concurrency": 16},
     "B": {"input": 64000, "output": 128, "prompts": 8, "concurrency": 4},
     "C": {"input": 16000, "output": 16, "prompts": 6, "concurrency": 1},
+    # one request under vLLM's torch profiler (decode steps 9-32 of it; benchmarks/decode_trace.py reads the trace)
+    "prof16k": {"input": 16000, "output": 48, "prompts": 1, "concurrency": 1, "profile": True},
+    "prof128k": {"input": 130000, "output": 48, "prompts": 1, "concurrency": 1, "profile": True},
 }
+PROFILED_STEPS = 24  # decode steps a profile load records, after its prefill chunks and 8 decode steps
 METRICS = (
     "request_throughput",
     "output_throughput",
@@ -112,7 +120,11 @@ def build_model(path: Path) -> Path:
     return path
 
 
-def server_cmd(model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192) -> list[str]:
+def server_cmd(
+    model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192, profile: tuple[Path, int] | None = None
+) -> list[str]:
+    """``profile``: (trace folder, engine steps to skip first): start vLLM's torch profiler, which a
+    load with ``"profile"`` turns on (``vllm bench serve --profile``) for ``PROFILED_STEPS`` steps."""
     cmd = VLLM + [
         "serve", str(model), "--port", str(port), "--attention-backend", backend,
         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "131072",
@@ -121,6 +133,11 @@ def server_cmd(model: Path, backend: str, port: int, sparse_cfg: dict | None, ch
     ]  # fmt: skip
     if sparse_cfg is not None:
         cmd += ["--additional-config", json.dumps({"sparse_attention": sparse_cfg})]
+    if profile is not None:
+        trace_dir, skip = profile
+        cfg = {"profiler": "torch", "torch_profiler_dir": str(trace_dir), "delay_iterations": skip,
+               "max_iterations": PROFILED_STEPS, "ignore_frontend": True, "torch_profiler_with_stack": False}  # fmt: skip
+        cmd += ["--profiler-config", json.dumps(cfg)]
     return cmd
 
 
@@ -148,8 +165,8 @@ def bench_args(model: Path, port: int, load: str, out: Path, name: str) -> list[
         "--random-output-len", str(spec["output"]), "--num-prompts", str(spec["prompts"]),
         "--max-concurrency", str(spec["concurrency"]), "--request-rate", "inf", "--ignore-eos",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
-        "--save-result", "--result-dir", str(out), "--result-filename", name,
-    ]  # fmt: skip
+        "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", name,
+    ] + (["--profile"] if spec.get("profile") else [])  # fmt: skip
 
 
 def bench_loads(model: Path, port: int, jobs: list[tuple[str, str]], out: Path, tag: str, deadline: float) -> list:
@@ -245,7 +262,11 @@ def run_backend(
                 raise SystemExit(f"unknown variant {v!r} (declare it with --variant {v} JSON)")
     tag = label.lower().replace("+", "_")
     log_path = out / f"server_{tag}.log"
-    cmd = server_cmd(model, backend, port, cfg, chunk)
+    profiled = [ld for ld in loads if LOADS[ld].get("profile")]
+    if len(profiled) > 1 or (profiled and repeat > 1):
+        raise SystemExit(f"{label}: one pass of one profile load per server ({profiled})")
+    profile = (out / f"profile_{tag}", -(-LOADS[profiled[0]]["input"] // chunk) + 8) if profiled else None
+    cmd = server_cmd(model, backend, port, cfg, chunk, profile)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1"))  # fmt: skip
@@ -378,7 +399,7 @@ def plot(path: Path, *more: Path, png: Path | None = None) -> Path:
     for other in more:
         for ld, row in json.loads(other.read_text())["summary"].items():
             table.setdefault(ld, {}).update({lb: v for lb, v in row.items() if lb != "FLASH_ATTN"})
-    loads = [ld for ld in LOADS if ld in table]
+    loads = [ld for ld in LOADS if ld in table and not LOADS[ld].get("profile")]  # profiled loads run slower
     metrics = [("throughput_vs_flash_attn", "output throughput / FLASH_ATTN (higher is better)"),
                ("decode_throughput_vs_flash_attn", "decode throughput / FLASH_ATTN (higher is better)"),
                ("ttft_vs_flash_attn", "mean TTFT / FLASH_ATTN (lower is better)"),

@@ -1,0 +1,111 @@
+"""Where a served decode step's time goes, from a torch-profiler trace of `vllm serve`.
+
+``serve_bench.py run --loads prof16k`` (or ``prof128k``) starts each server with vLLM's torch profiler
+(``--profiler-config``, traces under ``OUT/profile_<label>/``) and records some decode steps of one request.
+This reads such a trace (Chrome trace JSON, ``.json`` or ``.json.gz``) and splits it into steps at the
+host's CUDA-graph launches (a decode step in vLLM's full CUDA graphs is one ``cudaGraphLaunch``)::
+
+    period  = time from one step's graph launch to the next one's (what TPOT is made of)
+    busy    = GPU kernel, memcpy and memset time that starts within the period
+    idle    = period - busy (the GPU waiting on the host, or launch gaps)
+
+and per kernel name the time per step. Two servers' reports side by side say whether a slower step
+spends more GPU time (and in which kernels) or leaves the GPU idle (host work on the critical path)::
+
+    python benchmarks/decode_trace.py OUT/profile_flash_attn OUT/profile_sparse_quoka [--json report.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+GRAPH_LAUNCH = "cudaGraphLaunch"
+
+
+def load_events(path: Path) -> list[dict]:
+    """The ``traceEvents`` of a Chrome trace file (plain or gzipped JSON)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        doc = json.load(f)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def trace_files(target: Path) -> list[Path]:
+    """``target`` itself, or the trace files below a folder (vLLM writes one per worker and one for the
+    front end; the worker's hold the GPU events)."""
+    if target.is_file():
+        return [target]
+    return sorted(p for p in target.rglob("*") if p.name.endswith((".json", ".json.gz")) and p.is_file())
+
+
+def step_report(events: list[dict], top: int = 15) -> dict | None:
+    """Steps between consecutive graph launches (None when the trace has fewer than two).
+
+    Returns ``{"steps", "period_us", "busy_us", "idle_us"}`` (medians over the steps) and
+    ``"kernels"``: ``[(name, us per step)]``, the ``top`` names by total time in those steps.
+    """
+    launches = sorted(e["ts"] for e in events if e.get("name") == GRAPH_LAUNCH and "ts" in e)
+    if len(launches) < 2:
+        return None
+    gpu = sorted(
+        (e for e in events if e.get("cat") in GPU_CATEGORIES and "ts" in e and "dur" in e), key=lambda e: e["ts"]
+    )
+    periods, busy, per_name = [], [], {}
+    j = 0
+    for start, end in zip(launches, launches[1:]):
+        while j < len(gpu) and gpu[j]["ts"] < start:
+            j += 1
+        total = 0.0
+        k = j
+        while k < len(gpu) and gpu[k]["ts"] < end:
+            total += gpu[k]["dur"]
+            per_name[gpu[k]["name"]] = per_name.get(gpu[k]["name"], 0.0) + gpu[k]["dur"]
+            k += 1
+        periods.append(end - start)
+        busy.append(total)
+    steps = len(periods)
+    period, work = statistics.median(periods), statistics.median(busy)
+    kernels = sorted(((n, t / steps) for n, t in per_name.items()), key=lambda x: -x[1])[:top]
+    return {
+        "steps": steps,
+        "period_us": round(period, 1),
+        "busy_us": round(work, 1),
+        "idle_us": round(period - work, 1),
+        "kernels": [(n, round(t, 2)) for n, t in kernels],
+    }
+
+
+def report(target: Path, top: int = 15) -> dict:
+    """The step report of the trace file under ``target`` with the most graph launches."""
+    best, best_path = None, None
+    for path in trace_files(target):
+        r = step_report(load_events(path), top)
+        if r is not None and (best is None or r["steps"] > best["steps"]):
+            best, best_path = r, path
+    if best is None:
+        raise SystemExit(f"{target}: no trace with two or more {GRAPH_LAUNCH} events")
+    return {"trace": str(best_path), **best}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("targets", nargs="+", help="trace files, or folders holding them (one per server)")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", help="write every report here")
+    args = ap.parse_args()
+    reports = {t: report(Path(t), args.top) for t in args.targets}
+    for t, r in reports.items():
+        print(f"{t}: {r['steps']} steps, period {r['period_us']} us, GPU busy {r['busy_us']} us, idle {r['idle_us']} us")
+        for name, us in r["kernels"]:
+            print(f"    {us:9.2f} us/step  {name[:110]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports, indent=1))
+
+
+if __name__ == "__main__":
+    main()
