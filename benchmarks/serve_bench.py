@@ -415,8 +415,8 @@ def plot(path: Path, *more: Path, png: Path | None = None) -> Path:
         ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(loads))], loads)
         ax.set_title(title, fontsize=9)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"vllm serve + vllm bench serve, {data.get('gpu', '')}, Llama-3.1-8B shapes (random weights)",
-                 fontsize=10)  # fmt: skip
+    gpu = (data.get("gpu") or "").split("\n")[0]  # nvidia-smi lists every GPU of the host
+    fig.suptitle(f"vllm serve + vllm bench serve, {gpu}, Llama-3.1-8B shapes (random weights)", fontsize=10)
     fig.tight_layout()
     png = png or path.with_suffix(".png")
     fig.savefig(png, dpi=110)
