@@ -46,7 +46,11 @@ DTYPE = torch.bfloat16
 SCALE = D**-0.5
 CASES = [(1, 131072, 0.125), (16, 16384, 0.125), (16, 16384, 0.25), (64, 4096, 0.25)]  # (batch, context, fraction)
 # grids: name -> (block_n, warps, stages, programs per SM) values swept ("default": the serving settings)
-GRIDS = {"launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4]), "default": ([BLOCK_N], [4], [3], [2])}
+GRIDS = {
+    "launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4]),
+    "wide": ([64, 128], [4, 8], [2, 3, 4], [1, 2, 4, 8]),  # long dense rows: larger tiles, more programs
+    "default": ([BLOCK_N], [4], [3], [2]),
+}
 
 
 def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | None:
@@ -182,7 +186,15 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--grid", choices=sorted(GRIDS), default="launch", help="which settings to sweep")
+    ap.add_argument(
+        "--cases",
+        help="BATCH:CONTEXT:FRACTION,... (fraction 1: dense rows, every page); default: "
+        + ",".join(f"{b}:{c}:{f}" for b, c, f in CASES),
+    )
     args = ap.parse_args()
+    cases = CASES
+    if args.cases:
+        cases = [(int(b), int(c), float(f)) for b, c, f in (x.split(":") for x in args.cases.split(","))]
     torch.manual_seed(0)
     t0 = time.time()
     timer = Timer(args.reps)
@@ -196,7 +208,7 @@ def main() -> None:
         "method": "CUDA-graph replays, CUDA events, median of reps, L2 flushed before each rep",
         "reps": args.reps,
         "grid": args.grid,
-        "cases": [case(timer, b, ctx, f, args.grid) for b, ctx, f in CASES],
+        "cases": [case(timer, b, ctx, f, args.grid) for b, ctx, f in cases],
     }
     res["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)

@@ -236,8 +236,8 @@ def main() -> None:
 
     seed = 0
     for method in args.methods.split(","):
-        for q in map(int, args.prefill_chunks.split(",")):
-            for ctx in map(int, args.prefill_contexts.split(",")):
+        for q in map(int, filter(None, args.prefill_chunks.split(","))):  # "": no prefill cases
+            for ctx in map(int, filter(None, args.prefill_contexts.split(","))):
                 seed += 1
                 r = prefill_case(timer, dense, method, q, ctx, seed, args.compare_executors)
                 results.append(r)

@@ -289,6 +289,26 @@ def test_twilight_config_sets_the_cap_and_full_budget_stays_dense():
     assert not plan_request(full.for_layer(0), 16, 0, 1, 3000).sparse
 
 
+@pytest.mark.parametrize("prune_prefill", [False, True])
+def test_unpruned_chunks_select_the_budget_and_decode_rows_the_candidates(prune_prefill):
+    """A decode row selects ``candidate_fraction`` (its top-p prunes them); a prefill chunk that
+    attends what it selects (``prune_prefill`` off) selects the budget's pages, as Quest's does."""
+    kw = dict(budget={"fraction": 0.125, "min_tokens": 0}, dense_layers=[], dense_below_tokens=0)
+    tw = SparseConfig(method="twilight", twilight={"candidate_fraction": 0.25, "prune_prefill": prune_prefill}, **kw)
+    quest = SparseConfig(method="quest", **kw).for_layer(1)
+    n, ctx = 16, 8000
+    decode = plan_request(tw.for_layer(1), n, 0, 1, ctx + 1)
+    chunk = plan_request(tw.for_layer(1), n, 0, 512, ctx + 512)
+    quest_chunk = plan_request(quest, n, 0, 512, ctx + 512)
+    assert decode.sparse and chunk.sparse
+    assert decode.num_select > plan_request(quest, n, 0, 1, ctx + 1).num_select  # 25% candidates
+    if prune_prefill:
+        assert chunk.num_select > quest_chunk.num_select
+    else:
+        assert chunk.num_select == quest_chunk.num_select
+        assert torch.equal(chunk.forced, quest_chunk.forced)
+
+
 # ---------------------------------------------------------------------------------------------
 # Decode batching: the step's decode requests estimated together == one request at a time
 # ---------------------------------------------------------------------------------------------

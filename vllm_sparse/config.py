@@ -111,7 +111,9 @@ class TwilightOptions(_Strict):
     ``prune_prefill``: prune prefill chunks' candidates too, by the mass their last
     ``chunk_query_window`` queries estimate (and rank them by the bounds, ``quest_prefill_scores``).
     Off by default: the paper prunes decode steps only, and a chunk's pruned set serves the few
-    queries that estimated it, not the thousands that attend it. On Qwen2.5-Coder-1.5B at 32K
+    queries that estimated it, not the thousands that attend it. An unpruned chunk attends the budget's
+    pages (Quest's exact-ranked chunk pages), not ``candidate_fraction``: what it attends is what the
+    budget says it costs. On Qwen2.5-Coder-1.5B at 32K
     (shipped config, 25%, 80 prompts, one H200, same run) unpruned chunks answered -0.06
     [-0.12, -0.01] against dense and pruned ones -0.15 [-0.21, -0.09] (+0.09 [+0.03, +0.14] paired;
     a 256-query estimate did not help: -0.16); identical at 16K, where the cost model ran the chunks
@@ -405,6 +407,7 @@ class SparseConfig(_Strict):
             local_tokens=self.local_tokens if o.local_tokens is None else o.local_tokens,
             dense_below_tokens=self.dense_below_tokens,
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
+            select_fraction_prefill=self.method != "twilight" or self.twilight.prune_prefill,
             select_all=self.method == "compact",
             sparse_decode=self.method not in DENSE_DECODE if self.sparse_decode is None else self.sparse_decode,
             decode_by_cost=self.sparse_decode is None and self.method not in DENSE_DECODE and not self.force_sparse,
@@ -426,6 +429,9 @@ class LayerPolicy:
     # place of the budget's (twilight: its candidate fraction, clamped by ``budget.max_tokens``);
     # rows may then come back with fewer (``Selection.counts``).
     select_fraction: float | None = None
+    # Whether prefill chunks take ``select_fraction`` too (Twilight under ``prune_prefill``, whose top-p
+    # then prunes them) or the budget's count (chunks that attend what they select, unpruned)
+    select_fraction_prefill: bool = True
     sparse_decode: bool = True  # False: decode steps (query length 1) run dense
     # True: decode steps run sparse only where the GPU's measured break-even says it pays
     # (``decode_step.DecodeColumns``); False: wherever ``sparse_decode`` and the thresholds say

@@ -138,8 +138,9 @@ def plan_request(
 
     if dense:
         return dense_plan()
-    if policy.select_fraction is not None:  # method-specific count, e.g. twilight's candidates:
-        # select_fraction of the context (at most the budget's max_tokens), pruned later (top-p)
+    if policy.select_fraction is not None and (query_len == 1 or policy.select_fraction_prefill):
+        # a method-specific count, e.g. twilight's candidates: select_fraction of the context (at most
+        # the budget's max_tokens), pruned later (top-p)
         cand_tokens = int(policy.select_fraction * ctx)
         if policy.budget.max_tokens is not None:
             cand_tokens = min(cand_tokens, policy.budget.max_tokens)

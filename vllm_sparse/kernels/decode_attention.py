@@ -32,7 +32,12 @@ from vllm_sparse.policy import HEAD, LAST, NUM_COLUMNS, TAIL, TOTAL
 LOG2E = 1.4426950408889634
 BLOCK_N = 64
 MAX_SPLITS = 128
-PROGRAMS_PER_SM = 2  # attention programs per SM that ``num_splits`` aims for (4 measured no faster on an H100)
+PROGRAMS_PER_SM = 2  # attention programs per SM that ``num_splits`` aims for
+# Few rows (small batches) aim for twice as many: their rows are long (a dense 1 x 128K row streams 8,193 pages),
+# and on an H200 4 programs per SM read them 14% faster at 1 x 128K and 11% at 4 x 16K (FA3's speed), while at
+# 128 rows of 129 pages the extra splits cost 12%, at 64 dense rows of 16K 21% on an H100, where few rows gain
+# 1-2% (``serve_bench_h200_session18/sweep``).
+FEW_ROWS, PROGRAMS_PER_SM_FEW_ROWS = 32, 4
 MERGE_SPLITS = 32  # splits the merge reads per step
 
 
@@ -167,9 +172,11 @@ def _decode_merge_kernel(
 
 
 def num_splits(rows: int, device: torch.device) -> int:
-    """Splits per row so that about ``PROGRAMS_PER_SM`` programs per SM run, at most ``MAX_SPLITS``
-    (fixed per batch size: 33 for the 8 rows of one Llama-3.1-8B request on an H100)."""
-    return max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * num_sms(device) // max(rows, 1))))
+    """Splits per row so that about ``PROGRAMS_PER_SM`` programs per SM run (``PROGRAMS_PER_SM_FEW_ROWS``
+    for at most ``FEW_ROWS`` rows), at most ``MAX_SPLITS`` (fixed per batch size: 66 for the 8 rows of one
+    Llama-3.1-8B request on an H100 or H200, 3 for the 128 rows of 16 requests)."""
+    per_sm = PROGRAMS_PER_SM_FEW_ROWS if rows <= FEW_ROWS else PROGRAMS_PER_SM
+    return max(1, min(MAX_SPLITS, -(-per_sm * num_sms(device) // max(rows, 1))))
 
 
 def decode_attention_triton(

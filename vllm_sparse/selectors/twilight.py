@@ -4,8 +4,8 @@ Per sparse request and KV head:
 
 1. the base selector (Quest by default) proposes ``plan.num_select`` candidate past pages (the
    policy sets that to ``twilight.candidate_fraction`` of the context, clamped by the budget's
-   ``max_tokens``); a prefill chunk attends them all (unless ``prune_prefill``), a decode step
-   goes on:
+   ``max_tokens``); a prefill chunk, unless ``prune_prefill``, attends them all, and the policy
+   then asks it for the budget's pages instead; a decode step goes on:
 2. every query head estimates its attention weights over the candidate tokens and the forced
    past tokens (sink, local window) from the INT4 key shadows
    (``metadata/int4_shadow.py``): ``softmax(q . k_int4 * scale)``; in a prefill chunk the
