@@ -200,9 +200,10 @@ def plot(result: dict[str, Any], ctx: int, path: Path) -> None:
     handles, labels = axes[-1][-1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     n = len({r["prompt"] for r in result["records"] if r["context"] == ctx})
-    fig.suptitle(f"{result['model']}: attention recall per layer at {ctx} tokens ({n} prompts)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.suptitle(f"{result['model']}:\nattention recall per layer at {ctx} tokens ({n} prompts)", fontsize=11)
+    legend_rows = -(-len(labels) // 3)
+    fig.tight_layout(rect=(0, 0.025 * legend_rows, 1, 1))
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend and title whole, however wide
     plt.close(fig)
 
 
