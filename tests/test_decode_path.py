@@ -197,16 +197,13 @@ def test_decode_attention_many_splits(splits):
 def test_num_splits_grow_at_small_batches():
     from vllm_sparse.kernels import decode_attention as da
 
-    FEW_ROWS, MAX_SPLITS, PROGRAMS_PER_SM, num_splits = da.FEW_ROWS, da.MAX_SPLITS, da.PROGRAMS_PER_SM, da.num_splits
-    PROGRAMS_PER_SM_FEW_ROWS = da.PROGRAMS_PER_SM_FEW_ROWS
-
     cpu = torch.device("cpu")  # 4 "SMs" under the interpreter
-    assert num_splits(1, cpu) == 4 * PROGRAMS_PER_SM_FEW_ROWS <= MAX_SPLITS
-    assert num_splits(8, cpu) == -(-4 * PROGRAMS_PER_SM_FEW_ROWS // 8)
-    assert num_splits(FEW_ROWS, cpu) == 1  # 4 "SMs" x 4 programs over 32 rows
-    assert num_splits(FEW_ROWS + 1, cpu) == -(-4 * PROGRAMS_PER_SM // (FEW_ROWS + 1)) == 1
-    assert num_splits(1000, cpu) == 1
-    assert PROGRAMS_PER_SM_FEW_ROWS > PROGRAMS_PER_SM  # few rows are long rows: more splits each
+    assert da.num_splits(1, cpu) == 4 * da.PROGRAMS_PER_SM_FEW_ROWS <= da.MAX_SPLITS
+    assert da.num_splits(8, cpu) == -(-4 * da.PROGRAMS_PER_SM_FEW_ROWS // 8)
+    assert da.num_splits(da.FEW_ROWS, cpu) == 1  # 4 "SMs" x 4 programs over 32 rows
+    assert da.num_splits(da.FEW_ROWS + 1, cpu) == -(-4 * da.PROGRAMS_PER_SM // (da.FEW_ROWS + 1)) == 1
+    assert da.num_splits(1000, cpu) == 1
+    assert da.PROGRAMS_PER_SM_FEW_ROWS > da.PROGRAMS_PER_SM  # few rows are long rows: more splits each
 
 
 def _selectable_rows(seq_lens, policy):
