@@ -271,6 +271,10 @@ def quest_decode_bounds_triton(
     columns: torch.Tensor,
     page_cap: int,
     reduce_max: bool = True,
+    programs: int | None = None,
+    block_p: int = 64,
+    num_warps: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Quest bounds of every decode row over its selectable pages, lengths read on the device.
 
@@ -281,6 +285,8 @@ def quest_decode_bounds_triton(
         columns: ``int32 [B, NUM_COLUMNS]`` decode columns (rows with ``SELECT = 0`` are skipped).
         page_cap: ``P`` the width of the result (at least every request's past pages).
         reduce_max: max over the G query heads of each row (the ``max`` GQA rule) in the kernel.
+        programs, block_p, num_warps, num_stages: programs per row (None: ``programs_per_row``),
+            pages per tile, warps and pipeline stages (None: Triton's default).
     Returns:
         ``float32 [B * Hkv, P]`` (``reduce_max``) or ``[B * Hkv, G, P]``; only the columns
         ``[HEAD, TAIL)`` of rows that select are written (the rest is unspecified). Row by row
@@ -298,8 +304,7 @@ def quest_decode_bounds_triton(
         return out
     assert query.stride(-1) == 1 and kmin.stride() == kmax.stride() and kmin.stride(-1) == 1
     assert columns.is_contiguous() and block_table.stride(-1) == 1
-    block_p = 64
-    progs = programs_per_row(rows, page_cap, block_p, query.device)
+    progs = programs or programs_per_row(rows, page_cap, block_p, query.device)
     low = query.is_cuda and query.dtype == kmin.dtype and query.dtype in (torch.bfloat16, torch.float16)
     _quest_decode_bounds_kernel[(rows, progs)](
         query, kmin, kmax, block_table, columns, out,
@@ -307,6 +312,6 @@ def quest_decode_bounds_triton(
         out.stride(0), 0 if reduce_max else out.stride(1),
         HKV=hkv, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_P=block_p, REDUCE_MAX=reduce_max, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL,
-        LOW_PRECISION=low, num_warps=4,
+        LOW_PRECISION=low, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
     return out

@@ -492,8 +492,12 @@ def decode_page_lse_triton(
     assert query.stride(-1) == 1 and codes.stride(-1) == 1 and scale.stride() == zero.stride()
     assert scale.stride(-1) == 1 and columns.is_contiguous() and block_table.stride(-1) == 1
     assert cand.stride(-1) == 1 and cand_counts.is_contiguous()
-    block_p = block_p or max(1, 64 // n)  # tiles of 64 tokens
-    progs = programs or programs_per_row(rows, width, block_p, query.device)
+    # tiles of 256 tokens and about 2 programs per SM: each tile waits on a chain of loads (candidate,
+    # block, shadow), so fewer, wider tiles keep more bytes in flight (on an H100, 16 x 16K: 0.047 ms
+    # against 0.066 with tiles of 64 tokens and 4 programs per SM; 1 x 128K: 0.013 against 0.015;
+    # benchmarks/results/decode_kernels_h100_session19/)
+    block_p = block_p or max(1, 256 // n)
+    progs = programs or max(1, programs_per_row(rows, width, block_p, query.device) // 2)
     _decode_page_lse_kernel[(rows, progs)](
         query, codes, scale, zero, block_table, columns, cand, cand_counts, out, valid, softmax_scale * LOG2E,
         query.stride(0), query.stride(1), block_table.stride(0), cand.stride(0), codes.stride(0), codes.stride(1),
