@@ -25,8 +25,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_topk_gpu import chained
-from gpu_timing import Timer, write_results
+from gpu_timing import Timer, graphed, write_results
 from step_breakdown_gpu import DTYPE, HKV, HQ, MAX_MODEL_LEN, SCALE, Cache, N
 
 from vllm_sparse.config import SparseConfig
@@ -37,7 +36,7 @@ from vllm_sparse.kernels.twilight_estimate import decode_page_lse_triton
 from vllm_sparse.selectors import make_selector
 from vllm_sparse.selectors.twilight import forced_cap
 
-MULTIPLES = (0.25, 0.5, 1, 2)
+MULTIPLES = (0.25, 0.5, 1, 2)  # of programs_per_row (the bounds skip the first)
 BOUNDS_TILES = [(64, 4, None), (32, 4, None), (128, 4, None), (128, 8, None), (64, 4, 2), (64, 4, 4), (64, 8, 3)]
 
 
@@ -52,14 +51,14 @@ def case(timer, b: int, ctx: int, chain: int) -> dict:
     r = {"batch": b, "context": ctx, "rows": rows, "bounds": {}, "estimate": {}}
     for block_p, warps, stages in BOUNDS_TILES:
         base = programs_per_row(rows, step.page_cap, block_p, query.device)
-        for m in (0.5, 1, 2):
+        for m in MULTIPLES[1:]:
             progs = max(1, int(base * m))
 
             def bounds(progs=progs, block_p=block_p, warps=warps, stages=stages):
                 quest_decode_bounds_triton(query, c.meta.kmin, c.meta.kmax, step.block_table, cols, step.page_cap,
                                            programs=progs, block_p=block_p, num_warps=warps, num_stages=stages)  # fmt: skip
 
-            r["bounds"][f"p{block_p}_w{warps}_s{stages}_x{m}_{progs}"] = timer(chained(bounds, chain)) / chain
+            r["bounds"][f"p{block_p}_w{warps}_s{stages}_x{m}_{progs}"] = timer(graphed(bounds, chain)) / chain
     selector = make_selector(cfg, SCALE)
     cand, cnt = selector.base.select_decode(query, c.pk, c.layout, c.meta, step, policy)
     f_cap = forced_cap(policy, N)
@@ -74,7 +73,7 @@ def case(timer, b: int, ctx: int, chain: int) -> dict:
                 out["lse"] = decode_page_lse_triton(query, c.meta.codes, c.meta.scale, c.meta.zero, step.block_table,
                                                     cols, cand, cnt, SCALE, f_cap, block_p=block_p, programs=progs)  # fmt: skip
 
-            ms = timer(chained(estimate, chain)) / chain
+            ms = timer(graphed(estimate, chain)) / chain
             lse, valid = out["lse"]
             k = int(valid.max())
             keep = torch.arange(k, device="cuda")[None, None, :] < valid[:, None, None]

@@ -45,13 +45,15 @@ def bench_setup(out: str, reps: int, head_dim: int, page_size: int):
     return path, Timer(reps), dense
 
 
-def graphed(fn):
-    """``fn`` captured in a CUDA graph (run once before, to compile): its replay."""
+def graphed(fn, count: int = 1):
+    """``count`` calls of ``fn`` captured back to back in one CUDA graph (run once before, to
+    compile): its replay (a layer's cost inside vLLM's full graph is its time divided by ``count``)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(count):
+            fn()
     return graph.replay
 
 
