@@ -128,7 +128,7 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
     layout = PageLayout.of(cache, HKV, "interleaved")
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     scores = torch.randn(rows, step.page_cap, device="cuda")
-    sel, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy])
+    sel, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy], counters=step.topk_counters)
     query = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(query)
     host = step.host_columns[policy][0]

@@ -158,7 +158,9 @@ def decode_step(batch: int, context: int, fraction: float = 0.125):
     pages = -(-(context + 1) // N)
     num_blocks = batch * pages + 16
     table = torch.randperm(num_blocks, device="cuda")[: batch * pages].view(batch, pages).int()
-    step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda").write(np.full(batch, context + 1), table)
+    step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV).write(
+        np.full(batch, context + 1), table
+    )
     return policy, step, num_blocks
 
 
@@ -180,7 +182,7 @@ def topk_case(timer, batch: int, context: int) -> dict:
         state["new"] = select_top_pages_triton(scores, cols, HKV, k_cap, chunks=1)
 
     def split():
-        state["split"] = select_top_pages_triton(scores, cols, HKV, k_cap)
+        state["split"] = select_top_pages_triton(scores, cols, HKV, k_cap, counters=step.topk_counters)
 
     def old():
         state["old"] = old_select_top_pages(scores, cols, HKV, k_cap)
@@ -208,7 +210,9 @@ def attention_case(timer, batch: int, context: int) -> dict:
     layout = PageLayout.of(cache, HKV, "interleaved")
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     scores = torch.randn(rows, step.page_cap, device="cuda")
-    pages, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy])  # random 1/8
+    pages, counts = select_top_pages_triton(
+        scores, cols, HKV, step.select_caps[policy], counters=step.topk_counters
+    )  # random 1/8
     query = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(query)
     host = step.host_columns[policy][0]

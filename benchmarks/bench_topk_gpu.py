@@ -54,7 +54,9 @@ def case(timer, batch: int, context: int, chain: int) -> dict:
     policy = cfg.for_layer(1)
     pages = -(-(context + 1) // N)
     table = torch.randperm(batch * pages + 64, device="cuda")[: batch * pages].view(batch, pages).int()
-    step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda").write(np.full(batch, context + 1), table)
+    step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV).write(
+        np.full(batch, context + 1), table
+    )
     cols, k_cap = step.columns[policy], step.select_caps[policy]
     rows = batch * HKV
     scores = torch.randn(rows, step.page_cap, device="cuda")
@@ -72,7 +74,7 @@ def case(timer, batch: int, context: int, chain: int) -> dict:
         state = {}
 
         def call(kw=kw, state=state):
-            state["out"] = select_top_pages_triton(scores, cols, HKV, k_cap, **kw)
+            state["out"] = select_top_pages_triton(scores, cols, HKV, k_cap, counters=step.topk_counters, **kw)
 
         flushed = timer(graphed(call))
         same = same_selection(state["out"][0], ref[0], ref[1]) and torch.equal(state["out"][1], ref[1])

@@ -232,7 +232,7 @@ def case(timer: Timer, b: int, ctx: int, seed: int) -> dict:
     cfg = SparseConfig(method="twilight", sparse_decode=True)
     policy = cfg.for_layer(1)
     selector = make_selector(cfg, SCALE)
-    step = DecodeColumns([policy], N, b, MAX_MODEL_LEN, DEV).write(np.full(b, ctx + 1), c.block_table)
+    step = DecodeColumns([policy], N, b, MAX_MODEL_LEN, DEV, num_kv_heads=HKV).write(np.full(b, ctx + 1), c.block_table)
     cols, meta, layout = step.columns[policy], c.meta, c.layout
     f_cap = forced_cap(policy, N)
     k_cap = step.select_caps[policy]

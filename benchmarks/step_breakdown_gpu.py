@@ -150,7 +150,7 @@ def decode_case(timer, dense, method, b, ctx, seed, profile=False) -> dict:
     cfg = SparseConfig(method=method, sparse_decode=True)
     policy = cfg.for_layer(1)
     selector = make_selector(cfg, SCALE)
-    step = DecodeColumns([policy], N, b, MAX_MODEL_LEN, "cuda").write(seq, c.block_table)
+    step = DecodeColumns([policy], N, b, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV).write(seq, c.block_table)
     rows_n = b * HKV
     none_pages = torch.zeros(rows_n, 1, dtype=torch.int32, device="cuda")
     none_counts = torch.zeros(rows_n, dtype=torch.int32, device="cuda")
@@ -167,7 +167,9 @@ def decode_case(timer, dense, method, b, ctx, seed, profile=False) -> dict:
     def layer():
         select(), attend()
 
-    dense_step = DecodeColumns([cfg.for_layer(0)], N, b, MAX_MODEL_LEN, "cuda").write(seq, c.block_table)
+    dense_step = DecodeColumns([cfg.for_layer(0)], N, b, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV).write(
+        seq, c.block_table
+    )
     dense_policy = cfg.for_layer(0)  # layer 0: dense
 
     def dense_ours():

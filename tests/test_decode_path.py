@@ -124,20 +124,21 @@ def test_select_top_pages_one_launch_kernel(kind):
     interpreter can run (its programs run one after another, so chunks waiting on each other never
     meet): the same pages as the twin, and its row counters left at zero for the next launch.
     Chunks meeting at barriers are tested on a GPU (``tests/gpu/test_page_topk_gpu.py``)."""
-    from vllm_sparse.kernels import page_topk
-
     pages = 700
     n = pages - 3
     rows_spec = [(1, 1, pages - 2), (n - 1, 1, pages - 2), (n, 1, pages - 2), (0, 4, 4), (n // 3, 1, pages - 2)]
     cols = _columns(rows_spec, pages)
     scores = _score_rows(kind, (len(rows_spec) * HKV, pages), gen(pages))
-    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages, chunks=1, fused=True)
+    counters = torch.zeros(2 * scores.shape[0], dtype=torch.int32, device=DEVICE)
+    got, counts = select_top_pages_triton(
+        scores.to(DEVICE), cols.to(DEVICE), HKV, pages, chunks=1, fused=True, counters=counters
+    )
     want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
     assert torch.equal(counts.cpu(), want_counts)
     for r in range(scores.shape[0]):
         k = int(want_counts[r])
         assert sorted(got[r, :k].cpu().tolist()) == want[r, :k].tolist(), (r, rows_spec[r // HKV])
-    assert int(page_topk._COUNTERS[scores.to(DEVICE).device].abs().sum()) == 0
+    assert int(counters.abs().sum()) == 0
 
 
 def _cache(seq_lens, order="interleaved", dtype=torch.float32, seed=0, meta_slots=0):

@@ -71,6 +71,9 @@ class DecodeStep:
             query head of the group); ``anchor`` is its head-0 plane.
         anchor_pick: the top pages of those scores once a layer has selected from them (with
             ``anchor``; a fresh one every step).
+        topk_counters: ``int32 [2 * B * Hkv]`` zeros (a view of a persistent buffer) in which the
+            one-launch top-k's row barriers count and which it leaves zero
+            (``kernels.page_topk.select_top_pages_triton``'s ``counters``).
     """
 
     num_reqs: int
@@ -85,6 +88,7 @@ class DecodeStep:
     anchor: torch.Tensor | None = None
     anchor_pick: AnchorPick | None = None
     anchor_work: torch.Tensor | None = None
+    topk_counters: torch.Tensor | None = None
 
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
@@ -134,6 +138,7 @@ class DecodeColumns:
         self.num_kv_heads = num_kv_heads
         self._no_pages = torch.zeros(max_reqs * num_kv_heads, 1, dtype=torch.int32, device=device)
         self._no_counts = torch.zeros(max_reqs * num_kv_heads, dtype=torch.int32, device=device)
+        self._topk_counters = torch.zeros(2 * max_reqs * num_kv_heads, dtype=torch.int32, device=device)
         self._anchor = None
         if anchor_scores:
             shape = (max_reqs * num_kv_heads, group_size, self.page_cap)
@@ -176,4 +181,5 @@ class DecodeColumns:
             anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads, 0],
             anchor_pick=None if self._anchor is None else AnchorPick(),
             anchor_work=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
+            topk_counters=self._topk_counters[: 2 * b * self.num_kv_heads],
         )

@@ -12,7 +12,6 @@ from gpu_skip import no_sync, require_cuda
 
 require_cuda()
 
-from vllm_sparse.kernels import page_topk  # noqa: E402
 from vllm_sparse.kernels.page_topk import select_top_pages_reference, select_top_pages_triton  # noqa: E402
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL  # noqa: E402
 
@@ -50,15 +49,18 @@ def test_fused_matches_the_twin(kind, chunks):
     pages = 8449  # a 132K row of pages of 16
     g = torch.Generator().manual_seed(chunks)
     n = pages - 40
+    counters = torch.zeros(2 * HKV, dtype=torch.int32, device="cuda")  # as DecodeStep.topk_counters
     for spec in [(991, 1, n), (0, 0, 0), (1, 7, 3000), (n - 2, 1, n), (n - 1, 1, n), (300, 100, 400)]:
         cols = _columns([spec], pages)
         scores = _scores(kind, (HKV, pages), g)
         want = select_top_pages_reference(scores, cols, HKV, pages)
         scores_d, cols_d = scores.cuda(), cols.cuda()
         with no_sync():
-            got = select_top_pages_triton(scores_d, cols_d, HKV, pages, chunks=chunks, fused=True)
+            got = select_top_pages_triton(scores_d, cols_d, HKV, pages, chunks=chunks, fused=True, counters=counters)
         _check(*got, *want)
-    assert int(page_topk._COUNTERS[torch.device("cuda", torch.cuda.current_device())].abs().sum()) == 0
+        assert int(counters.abs().sum()) == 0, spec
+    fresh = select_top_pages_triton(scores_d, cols_d, HKV, pages, chunks=chunks, fused=True)  # its own zeros
+    _check(*fresh, *want)
 
 
 def test_fused_replays_from_a_graph():
@@ -67,10 +69,11 @@ def test_fused_replays_from_a_graph():
     g = torch.Generator().manual_seed(0)
     cols = _columns(rows_spec, pages).cuda()
     scores = torch.randn(len(rows_spec) * HKV, pages, generator=g).cuda()
+    counters = torch.zeros(2 * scores.shape[0], dtype=torch.int32, device="cuda")
     out = {}
 
     def call():
-        out["sel"] = select_top_pages_triton(scores, cols, HKV, 3000, chunks=4, fused=True)
+        out["sel"] = select_top_pages_triton(scores, cols, HKV, 3000, chunks=4, fused=True, counters=counters)
 
     call()
     torch.cuda.synchronize()
@@ -84,3 +87,4 @@ def test_fused_replays_from_a_graph():
         graph.replay()
         want = select_top_pages_reference(scores.cpu(), new_cols, HKV, 3000)
         _check(*out["sel"], *want)
+        assert int(counters.abs().sum()) == 0, i

@@ -350,22 +350,11 @@ def _split_fused_kernel(
 
 MAX_CHUNKS = 16
 MIN_CHUNK_PAGES = 512
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def fused_ok(device: torch.device) -> bool:
     """Whether the one-launch split top-k runs on ``device``: a GPU, not Triton's interpreter."""
     return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-
-
-def _row_counters(device: torch.device, rows: int) -> torch.Tensor:
-    """``int32 [2 * rows]`` zeros that ``_split_fused_kernel`` counts in and leaves zero: one buffer
-    per device, made before any CUDA-graph capture (vLLM's warm-up runs) and reused by every call."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < 2 * rows:
-        buf = torch.zeros(max(2 * rows, 1 << 14), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
 
 
 def split_chunks(page_cap: int, rows: int, sms: int) -> int:
@@ -395,6 +384,7 @@ def select_top_pages_triton(
     k_cap: int,
     chunks: int | None = None,
     fused: bool | None = None,
+    counters: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best pages of every (request, KV head) row.
 
@@ -408,6 +398,9 @@ def select_top_pages_triton(
         fused: the split passes in one launch whose chunk programs meet at barriers
             (``_split_fused_kernel``; default: on a GPU, never in Triton's interpreter, which runs
             programs one after another).
+        counters: ``int32 [>= 2 * B * Hkv]`` zeros that the one-launch kernel's barriers count in
+            and leave zero (``DecodeStep.topk_counters``, a persistent buffer of the metadata
+            builder, so that a captured graph replays with them); None: fresh zeros per call.
     Returns:
         ``(pages int32 [B * Hkv, max(k_cap, 1)], counts int32 [B * Hkv])``: each row's first
         ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages (entries past
@@ -430,8 +423,11 @@ def select_top_pages_triton(
                       BLOCK_C=triton.next_power_of_2(chunks), num_warps=4)  # fmt: skip
         if fused:
             assert chunks == 1 or rows * chunks <= num_sms(scores.device), "a fused grid must fit on the GPU at once"
+            if counters is None:
+                counters = torch.zeros(2 * rows, dtype=torch.int32, device=scores.device)
+            assert counters.numel() >= 2 * rows and counters.dtype == torch.int32
             _split_fused_kernel[(rows, chunks)](
-                scores, columns, hist, _row_counters(scores.device, rows), out, counts,
+                scores, columns, hist, counters, out, counts,
                 scores.stride(0), out.stride(0), chunks, **consts,
             )  # fmt: skip
             return out, counts

@@ -188,7 +188,9 @@ class KascadeSelector:
         hkv, b = layout.num_kv_heads, step.num_reqs
         pick = step.anchor_pick
         if pick is None or not pick.holds(self.anchor, policy):
-            pages, counts = select_top_pages_triton(step.anchor, step.columns[policy], hkv, step.select_caps[policy])
+            pages, counts = select_top_pages_triton(
+                step.anchor, step.columns[policy], hkv, step.select_caps[policy], counters=step.topk_counters
+            )
             if pick is not None:
                 pick.layer, pick.policy, pick.pages, pick.counts = self.anchor, policy, pages, counts
         else:

@@ -290,4 +290,4 @@ class QuestSelector:
             hi = cols[:, TAIL].repeat_interleave(hkv)[:, None]
             scale = self.scale or q.shape[-1] ** -0.5
             scores = group_scores(bounds, (p < lo) | (p >= hi), self.gqa_reduce, scale)
-        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
+        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy], counters=step.topk_counters)

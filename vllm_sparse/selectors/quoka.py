@@ -199,4 +199,4 @@ class QuokaSelector:
         scores = quoka_decode_scores_triton(
             query[:b], page_keys, step.block_table, cols, hkv, layout.num_head_slots, step.page_cap
         )
-        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy])
+        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy], counters=step.topk_counters)
