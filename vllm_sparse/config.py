@@ -309,8 +309,10 @@ class SparseConfig(_Strict):
     dense_layers: list[Index] = Field(default_factory=lambda: [0])
     dense_below_tokens: Int = Field(4096, ge=0)
     # Decode steps (one query token) sparse or dense; None: the method's default, dense for QuoKA
-    # (its scoring reads every past key, so a decode step saves little and pays the selection;
-    # measured slower than dense on CPU and GPU) and compact (a prefill-only method; true is refused
+    # (its scoring reads every past key, so a decode step saves little and pays the selection:
+    # 1.23x dense's decode throughput at 16 x 16K on an H100, and on Qwen2.5-Coder-1.5B -0.02 at 16K
+    # and -0.03 at 32K against dense where dense decode gives +0.00, benchmarks/results/
+    # eval_qwen_gpu_session21/) and compact (a prefill-only method; true is refused
     # at start) and sparse for Quest and Twilight (page metadata)
     # where it pays: on GPUs with a measured break-even (``cost.decode_break_even_tokens``) a step
     # whose decode rows add up to fewer past tokens decodes dense; True: every decode row past
