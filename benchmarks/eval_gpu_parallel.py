@@ -16,6 +16,11 @@ A group is ``METHOD[,METHOD...]:BUDGET[,BUDGET...]``, optionally ``+VARIANT`` fo
 here). Each group
 writes ``OUT/gNN/`` and ``OUT/gNN.log``; the joined report is ``OUT/joined/``. Choose
 ``--gpu-memory-utilization`` and ``--kv-cache-gib`` so that every group's engine fits at once.
+
+``--dense-from RUN`` reuses the dense run of an earlier eval of the same prompts (same model, tasks,
+contexts, samples and seed; a folder of this script's ``gNN`` or ``joined`` kind): every group then runs
+sparse only, and the join pairs them with ``RUN``'s dense (prompt hashes checked), which saves the
+dense engine, the slowest of a run.
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ def with_variant(eval_args: list[str], fields: dict) -> list[str]:
 
 
 def group_command(index: int, group: tuple[list[str], list[str], str], out: Path, eval_args: list[str],
-                  variants: dict[str, dict]) -> list[str]:  # fmt: skip
-    """The ``vllm-sparse eval`` command of group ``index`` (group 0 runs dense too)."""
+                  variants: dict[str, dict], with_dense: bool = True) -> list[str]:  # fmt: skip
+    """The ``vllm-sparse eval`` command of group ``index`` (group 0 runs dense too, unless not
+    ``with_dense``: the dense run comes from an earlier eval)."""
     methods, budgets, variant = group
     if variant and variant not in variants:
         raise SystemExit(f"group variant {variant!r} is not declared with --variant")
@@ -64,7 +70,7 @@ def group_command(index: int, group: tuple[list[str], list[str], str], out: Path
     cmd += ["--out", str(out / f"g{index:02d}"), "--no-progress"]
     if variant:
         cmd += ["--label-suffix", f"+{variant}"]
-    return cmd if index == 0 else [*cmd, "--sparse-only"]
+    return cmd if index == 0 and with_dense else [*cmd, "--sparse-only"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,12 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
                    help="a named sparse_attention variant for groups written METHOD:BUDGET+NAME")  # fmt: skip
     p.add_argument("--stagger-s", type=float, default=5.0, help="seconds between process starts")
+    p.add_argument("--dense-from", type=Path, default=None,
+                   help="an earlier eval of the same prompts whose dense run the groups are joined with "
+                   "(every group then runs sparse only)")  # fmt: skip
     args = p.parse_args(ours)
     variants = {name: json.loads(fields) for name, fields in args.variant}
     args.out.mkdir(parents=True, exist_ok=True)
     procs = []
     for i, group in enumerate(args.groups):
-        cmd = group_command(i, group, args.out, eval_args, variants)
+        cmd = group_command(i, group, args.out, eval_args, variants, with_dense=args.dense_from is None)
         log = open(args.out / f"g{i:02d}.log", "w")  # noqa: SIM115 (closed below)
         log.write(" ".join(cmd) + "\n")
         log.flush()
@@ -100,10 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         for i, *_ in procs
         if i not in failed and (args.out / f"g{i:02d}" / "samples.json").exists()
     ]
-    if 0 in failed or not done or done[0].name != "g00":
+    if args.dense_from is not None:
+        if not done:
+            print("every group failed: nothing to join", flush=True)
+            return 1
+        join_runs(args.out / "joined", args.dense_from, *done, allow_dense_mismatch=True)
+    elif 0 in failed or not done or done[0].name != "g00":
         print("the dense group failed: nothing to join", flush=True)
         return 1
-    join_runs(args.out / "joined", *done, allow_dense_mismatch=True)
+    else:
+        join_runs(args.out / "joined", *done, allow_dense_mismatch=True)
     print(f"joined {len(done)} groups into {args.out / 'joined'}; failed groups: {failed or 'none'}", flush=True)
     return 1 if failed else 0
 

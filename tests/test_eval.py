@@ -365,6 +365,36 @@ def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
         join_runs(tmp_path / "j5", main, main)
 
 
+def test_parallel_eval_reuses_an_earlier_dense_run(tmp_path, monkeypatch):
+    """eval_gpu_parallel.py --dense-from: every group runs sparse only and is joined with the earlier run's dense."""
+    from pathlib import Path
+
+    par = _benchmark_module("eval_gpu_parallel")
+    earlier = _run_folder(
+        tmp_path / "earlier", ["DENSE", "sparse_quoka"], {"DENSE": ["1", "1", "1"], "sparse_quoka": ["1", "0", "1"]}
+    )
+    started = []
+
+    class FakeEval:  # writes what `vllm-sparse eval --sparse-only` would, at the command's --out
+        def __init__(self, cmd, **_):
+            started.append(cmd)
+            label = "sparse_" + cmd[cmd.index("--methods") + 1]
+            _run_folder(Path(cmd[cmd.index("--out") + 1]), [label], {label: ["0", "1", "1"]})
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(par.subprocess, "Popen", FakeEval)
+    out = tmp_path / "new"
+    rc = par.main([str(out), "--groups", "quest:0.25", "--dense-from", str(earlier), "--stagger-s", "0", "--",
+                   "--model", "m"])  # fmt: skip
+    assert rc == 0 and all("--sparse-only" in cmd for cmd in started)
+    summary = json.loads((out / "joined" / "summary.json").read_text())
+    assert [b["label"] for b in summary["backends"]] == ["DENSE", "sparse_quoka", "sparse_quest"]
+    diffs = {d["backend"]: d["difference"] for d in summary["paired_difference"] if d["task"] == "niah_single"}
+    assert diffs["sparse_quest"] == pytest.approx(-1 / 3, abs=1e-4)
+
+
 def test_sparse_only_runs_refuse_a_dense_backend(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="must not include a dense"):
         run_eval(EvalConfig(model=tiny_llama, sparse_only=True, out_dir=str(tmp_path)))
@@ -418,6 +448,8 @@ def test_parallel_eval_groups_and_variants(tmp_path):
     assert json.loads(variant[variant.index("--sparse-config") + 1]) == {"config": "c.yaml", "dense_tail_tokens": 64}
     assert variant[variant.index("--label-suffix") + 1] == "+tail64" and "--sparse-only" in variant
     assert json.loads(par.with_variant(["--model", "m"], {"a": 1})[-1]) == {"a": 1}
+    reused = par.group_command(0, par.parse_group("quoka:0.25"), tmp_path, base, {}, with_dense=False)
+    assert "--sparse-only" in reused  # --dense-from: group 0 too runs sparse only
     with pytest.raises(SystemExit):
         par.group_command(1, par.parse_group("quest:0.25+nope"), tmp_path, base, {})
 
