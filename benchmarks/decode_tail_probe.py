@@ -11,9 +11,14 @@ rule differs between variants:
   page count.
 * ``quest``: the budget's pages by Quest's bound ``sum_d max(q_d kmax_d, q_d kmin_d)``, the maximum over the group's
   heads.
+* ``oracle-heads``: as ``oracle``, but each query head keeps its own pages (no page set shared by the group).
 * ``...+mean``: as the rule before it, plus each dropped page attended through one pseudo-key, the page's mean key
   with the log of its token count added to its logit, and the page's mean value. The dropped pages' mass is
   estimated, not dropped.
+* ``...@F``: the rule at a budget of ``F`` of the context instead of ``--budget``.
+
+``--cache FILE`` keeps the prefilled cache (about 1 GB at 32K for the 1.5B model): a later run with the same prompt
+loads it instead of prefilling again (27 minutes at 32K on 2 cores).
 
     python benchmarks/decode_tail_probe.py --model qwen2.5-coder-1.5b-instruct --task vt --context 32768 \\
         --index 4 --out benchmarks/results/decode_tail_probe/vt32k_i4.json
@@ -42,6 +47,8 @@ class Rule:
     """The decode attention of one variant: ``forward(query [1, Hq, 1, D], key/value [1, Hkv, S, D], scale)``."""
 
     def __init__(self, name: str, budget: float, page: int, sink: int, local: int, dense_layers=(0,)):
+        name, _, override = name.partition("@")
+        budget = float(override) if override else budget
         self.name, self.budget, self.page, self.sink, self.local = name, budget, page, sink, local
         self.dense_layers = set(dense_layers)
         self.kept_share: list[float] = []
@@ -62,6 +69,15 @@ class Rule:
         forced[: -(-self.sink // n)] = True
         forced[max(0, (s - self.local) // n) :] = True
         k_pages = min(int(self.budget * s) // n, int((~forced).sum()))
+        if self.name.startswith("oracle-heads"):
+            w = logits.softmax(-1)[..., : full * n].reshape(hkv, g, full, n).sum(3)  # [Hkv, G, pages]
+            w = w.masked_fill(forced, float("-inf"))
+            keep = forced.expand(hkv, g, full).clone()
+            keep.scatter_(2, w.topk(k_pages, dim=-1).indices, True)
+            self.kept_share.append(float(keep.any(1).float().mean()))  # pages some head of the group reads
+            tok = torch.cat([keep.repeat_interleave(n, 2), torch.ones(hkv, g, s - full * n, dtype=torch.bool)], 2)
+            out = torch.einsum("hgs,hsd->hgd", logits.masked_fill(~tok, float("-inf")).softmax(-1), v)
+            return out.reshape(1, 1, hkv * g, d)
         if self.name.startswith("oracle"):
             w = logits.softmax(-1)[..., : full * n].reshape(hkv, g, full, n).sum((1, 3))  # [Hkv, pages]
         else:  # quest
@@ -128,17 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", nargs="+", default=["dense", "oracle", "oracle+mean", "quest", "quest+mean"])
     ap.add_argument("--max-new", type=int, default=40)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cache", type=Path, default=None, help="keep the prefilled cache here (loaded if present)")
     args = ap.parse_args(argv)
     model, tok = load(str(resolve_model(args.model)), torch.bfloat16)
     sample = make_samples(tok, args.task, args.context, args.samples)[args.index]
     ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
     t0 = time.perf_counter()
-    cache = DynamicCache(config=model.config)
-    for start in range(0, len(ids), 2048):
-        out = model(input_ids=torch.tensor([ids[start : start + 2048]]), past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
-        print(f"prefill {start + 2048}/{len(ids)} {time.perf_counter() - t0:.0f} s", flush=True)
-    first = int(out.logits[0, -1].argmax())
+    if args.cache is not None and args.cache.exists():
+        saved = torch.load(args.cache, weights_only=False)
+        assert saved["ids"] == ids, f"{args.cache} holds another prompt"
+        cache, first = saved["cache"], saved["first"]
+    else:
+        cache = DynamicCache(config=model.config)
+        for start in range(0, len(ids), 2048):
+            out = model(input_ids=torch.tensor([ids[start : start + 2048]]), past_key_values=cache, use_cache=True,
+                        logits_to_keep=1)  # fmt: skip
+            print(f"prefill {start + 2048}/{len(ids)} {time.perf_counter() - t0:.0f} s", flush=True)
+        first = int(out.logits[0, -1].argmax())
+        if args.cache is not None:
+            torch.save({"ids": ids, "cache": cache, "first": first}, args.cache)
     prefill_s = time.perf_counter() - t0
     results = []
     for name in args.variants:

@@ -27,7 +27,7 @@ def dense(q, k, v):
     return Rule("dense", 1.0, N, 0, 0).forward(5, q, k, v, D**-0.5)
 
 
-@pytest.mark.parametrize("name", ["oracle", "quest", "oracle+mean", "quest+mean"])
+@pytest.mark.parametrize("name", ["oracle", "quest", "oracle+mean", "quest+mean", "oracle-heads"])
 def test_a_covering_budget_is_dense(name):
     q, k, v = tensors(seq=10 * N + 2)  # a partial last page
     out = Rule(name, 1.0, N, sink=N, local=N).forward(5, q, k, v, D**-0.5)
@@ -53,3 +53,8 @@ def test_the_mean_pages_estimate_the_dropped_mass():
     estimated = Rule("oracle+mean", 0.25, N, sink=N, local=N).forward(5, q, k, v, D**-0.5)
     torch.testing.assert_close(estimated, ref)
     assert (dropped - ref).abs().max() > 1e-3
+
+
+def test_a_variant_may_name_its_budget():
+    rule = Rule("oracle-heads@0.5", 0.25, N, sink=N, local=N)
+    assert (rule.name, rule.budget) == ("oracle-heads", 0.5)
