@@ -69,35 +69,29 @@ class Rule:
         forced[: -(-self.sink // n)] = True
         forced[max(0, (s - self.local) // n) :] = True
         k_pages = min(int(self.budget * s) // n, int((~forced).sum()))
-        if self.name.startswith("oracle-heads"):
-            w = logits.softmax(-1)[..., : full * n].reshape(hkv, g, full, n).sum(3)  # [Hkv, G, pages]
-            w = w.masked_fill(forced, float("-inf"))
-            keep = forced.expand(hkv, g, full).clone()
-            keep.scatter_(2, w.topk(k_pages, dim=-1).indices, True)
-            self.kept_share.append(float(keep.any(1).float().mean()))  # pages some head of the group reads
-            tok = torch.cat([keep.repeat_interleave(n, 2), torch.ones(hkv, g, s - full * n, dtype=torch.bool)], 2)
-            out = torch.einsum("hgs,hsd->hgd", logits.masked_fill(~tok, float("-inf")).softmax(-1), v)
-            return out.reshape(1, 1, hkv * g, d)
+        # page scores [Hkv, 1 or G, pages]: one page set per KV head, or one per query head (oracle-heads)
         if self.name.startswith("oracle"):
-            w = logits.softmax(-1)[..., : full * n].reshape(hkv, g, full, n).sum((1, 3))  # [Hkv, pages]
+            w = logits.softmax(-1)[..., : full * n].reshape(hkv, g, full, n).sum(3)
+            w = w if self.name.startswith("oracle-heads") else w.sum(1, keepdim=True)
         else:  # quest
             kp = k[:, : full * n].reshape(hkv, full, n, d)
             kmin, kmax = kp.amin(2), kp.amax(2)  # [Hkv, pages, D]
-            w = torch.maximum(qg[:, :, None] * kmin[:, None], qg[:, :, None] * kmax[:, None]).sum(-1).amax(1)
+            w = torch.maximum(qg[:, :, None] * kmin[:, None], qg[:, :, None] * kmax[:, None]).sum(-1)
+            w = w.amax(1, keepdim=True)
         w = w.masked_fill(forced, float("-inf"))
-        top = w.topk(k_pages, dim=-1).indices if k_pages > 0 else torch.empty(hkv, 0, dtype=torch.long)
-        keep = forced.expand(hkv, full).clone()
-        keep.scatter_(1, top, True)
-        self.kept_share.append(float(keep.float().mean()))
-        tok_keep = torch.cat([keep.repeat_interleave(n, 1), torch.ones(hkv, s - full * n, dtype=torch.bool)], 1)
-        masked = logits.masked_fill(~tok_keep[:, None], float("-inf"))
+        keep = forced.expand(w.shape).clone()
+        keep.scatter_(2, w.topk(k_pages, dim=-1).indices, True)
+        self.kept_share.append(float(keep.any(1).float().mean()))  # pages some head of the group reads
+        tail_tokens = torch.ones(*keep.shape[:2], s - full * n, dtype=torch.bool)
+        tok_keep = torch.cat([keep.repeat_interleave(n, 2), tail_tokens], 2)
+        masked = logits.masked_fill(~tok_keep, float("-inf"))
         if not self.name.endswith("+mean"):
             out = torch.einsum("hgs,hsd->hgd", masked.softmax(-1), v)
             return out.reshape(1, 1, hkv * g, d)
         kbar = k[:, : full * n].reshape(hkv, full, n, d).mean(2)  # [Hkv, pages, D]
         vbar = v[:, : full * n].reshape(hkv, full, n, d).mean(2)
         tail = torch.einsum("hgd,hpd->hgp", qg, kbar) * scale + math.log(n)
-        tail = tail.masked_fill(keep[:, None], float("-inf"))  # kept pages are attended exactly
+        tail = tail.masked_fill(keep, float("-inf"))  # kept pages are attended exactly
         p = torch.cat([masked, tail], -1).softmax(-1)
         out = torch.einsum("hgs,hsd->hgd", p[..., :s], v) + torch.einsum("hgp,hpd->hgd", p[..., s:], vbar)
         return out.reshape(1, 1, hkv * g, d)
@@ -118,13 +112,9 @@ def _attention(module, query, key, value, attention_mask, **kwargs):
 
 
 def load(path: str, dtype: torch.dtype):
-    from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from vllm_sparse.eval.capture import load_model
 
-    AttentionInterface.register(NAME, _attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=NAME)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    return load_model(path, dtype, name=NAME, attention=_attention)
 
 
 @torch.no_grad()

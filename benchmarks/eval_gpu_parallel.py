@@ -109,16 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         for i, *_ in procs
         if i not in failed and (args.out / f"g{i:02d}" / "samples.json").exists()
     ]
-    if args.dense_from is not None:
-        if not done:
-            print("every group failed: nothing to join", flush=True)
-            return 1
-        join_runs(args.out / "joined", args.dense_from, *done, allow_dense_mismatch=True)
-    elif 0 in failed or not done or done[0].name != "g00":
+    if args.dense_from is None and (0 in failed or not done or done[0].name != "g00"):
         print("the dense group failed: nothing to join", flush=True)
         return 1
-    else:
-        join_runs(args.out / "joined", *done, allow_dense_mismatch=True)
+    if not done:
+        print("every group failed: nothing to join", flush=True)
+        return 1
+    runs = done if args.dense_from is None else [args.dense_from, *done]
+    join_runs(args.out / "joined", *runs, allow_dense_mismatch=True)
     print(f"joined {len(done)} groups into {args.out / 'joined'}; failed groups: {failed or 'none'}", flush=True)
     return 1 if failed else 0
 

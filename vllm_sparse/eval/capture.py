@@ -81,16 +81,19 @@ def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32):
-    """The model (eval mode, capture attention) and its tokenizer from a HuggingFace folder."""
+def load_model(path: str, dtype: torch.dtype = torch.float32, name: str = ATTENTION_NAME, attention=None):
+    """The model (eval mode, capture attention) and its tokenizer from a HuggingFace folder.
+
+    ``name`` and ``attention`` register another ``AttentionInterface`` function in place of the
+    capture (``benchmarks/decode_tail_probe.py``: its own decode attention)."""
     from transformers import AttentionInterface, AutoModelForCausalLM, AutoTokenizer
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(ATTENTION_NAME, _capture_attention)
+    AttentionInterface.register(name, attention or _capture_attention)
     # the mask SDPA gets (an unknown name gets none: chunks after the first would then be
     # masked top-left causal, i.e. blind to most of the cache)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTENTION_NAME)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=name)
     return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
