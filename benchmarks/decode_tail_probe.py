@@ -16,6 +16,7 @@ rule differs between variants:
   with the log of its token count added to its logit, and the page's mean value. The dropped pages' mass is
   estimated, not dropped.
 * ``...@F``: the rule at a budget of ``F`` of the context instead of ``--budget``.
+* ``...:dense=A-B,C``: the rule, but layers ``A..B`` and ``C`` decode dense too (which layers carry the loss).
 
 ``--cache FILE`` keeps the prefilled cache (about 1 GB at 32K for the 1.5B model): a later run with the same prompt
 loads it instead of prefilling again (27 minutes at 32K on 2 cores).
@@ -47,10 +48,11 @@ class Rule:
     """The decode attention of one variant: ``forward(query [1, Hq, 1, D], key/value [1, Hkv, S, D], scale)``."""
 
     def __init__(self, name: str, budget: float, page: int, sink: int, local: int, dense_layers=(0,)):
+        name, _, extra = name.partition(":dense=")
         name, _, override = name.partition("@")
         budget = float(override) if override else budget
         self.name, self.budget, self.page, self.sink, self.local = name, budget, page, sink, local
-        self.dense_layers = set(dense_layers)
+        self.dense_layers = set(dense_layers) | _layer_set(extra)
         self.kept_share: list[float] = []
 
     def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
@@ -95,6 +97,15 @@ class Rule:
         p = torch.cat([masked, tail], -1).softmax(-1)
         out = torch.einsum("hgs,hsd->hgd", p[..., :s], v) + torch.einsum("hgp,hpd->hgd", p[..., s:], vbar)
         return out.reshape(1, 1, hkv * g, d)
+
+
+def _layer_set(text: str) -> set[int]:
+    """``"1-3,7"`` -> ``{1, 2, 3, 7}``."""
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 _RULE: list[Rule] = []

@@ -7,6 +7,8 @@ cells both ran count::
 
     python benchmarks/eval_pair_variants.py --base RUN_A --variant RUN_B --out pairs.json
 
+``--pair VARIANT_LABEL=BASE_LABEL`` (repeatable) names the pairs instead (``sparse_quoka@0.25+d7sd=sparse_quoka@0.25+sd``).
+
 Writes the rows as JSON (per backend, task and context, and over all tasks of a context: mean difference,
 samples, 95% paired-t interval) and prints them as a markdown table.
 """
@@ -77,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=Path, required=True, help="run folder with the base backends")
     p.add_argument("--variant", type=Path, required=True, help="run folder with the variant backends (may be --base)")
     p.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    p.add_argument("--pair", action="append", default=[], metavar="VARIANT=BASE",
+                   help="pair these labels (repeatable) instead of the default pairs")  # fmt: skip
     args = p.parse_args(argv)
     base, variant = _records(args.base), _records(args.variant)
     labels = list(dict.fromkeys(r["backend"] for r in variant))
     same_run = args.base.resolve() == args.variant.resolve()
-    pairs = default_pairs({r["backend"] for r in base}, labels, same_run)
+    pairs = [tuple(p.split("=", 1)) for p in args.pair] or default_pairs({r["backend"] for r in base}, labels, same_run)
     if not pairs:
         print("no variant label has a base label to pair with", file=sys.stderr)
         return 2

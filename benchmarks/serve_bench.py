@@ -121,10 +121,12 @@ def build_model(path: Path) -> Path:
 
 
 def server_cmd(
-    model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192, profile: tuple[Path, int] | None = None
+    model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192, profile: tuple[Path, int] | None = None,
+    extra_args: list[str] | None = None,
 ) -> list[str]:
     """``profile``: (trace folder, engine steps to skip first): start vLLM's torch profiler, which a
-    load with ``"profile"`` turns on (``vllm bench serve --profile``) for ``PROFILED_STEPS`` steps."""
+    load with ``"profile"`` turns on (``vllm bench serve --profile``) for ``PROFILED_STEPS`` steps.
+    ``extra_args``: more ``vllm serve`` arguments (a variant's ``server_args``), last so that they win."""
     cmd = VLLM + [
         "serve", str(model), "--port", str(port), "--attention-backend", backend,
         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "131072",
@@ -138,7 +140,29 @@ def server_cmd(
         cfg = {"profiler": "torch", "torch_profiler_dir": str(trace_dir), "delay_iterations": skip,
                "max_iterations": PROFILED_STEPS, "ignore_frontend": True, "torch_profiler_with_stack": False}  # fmt: skip
         cmd += ["--profiler-config", json.dumps(cfg)]
-    return cmd
+    return cmd + list(extra_args or [])
+
+
+def server_settings(label: str, sparse_cfg: dict, variants_declared: dict[str, dict] | None = None):
+    """``(backend, sparse config or None, extra vllm serve arguments)`` of a label ``BACKEND[+variant...]``.
+    A variant is ``sparse_decode`` or one of ``variants_declared`` (``--variant NAME JSON``): its
+    ``server_args`` (a list) are added to the server's command line, any backend; its other fields are
+    merged into the sparse config, so a dense backend's variants may hold ``server_args`` only."""
+    backend, *variants = label.split("+")
+    sparse = backend.lower().startswith("sparse_")
+    cfg = json.loads(json.dumps(sparse_cfg)) if sparse else None
+    extra: list[str] = []
+    for v in variants:
+        fields = {"sparse_decode": True} if v == "sparse_decode" else (variants_declared or {}).get(v)
+        if fields is None:
+            raise SystemExit(f"unknown variant {v!r} (declare it with --variant {v} JSON)")
+        fields = json.loads(json.dumps(fields))
+        extra += [str(a) for a in fields.pop("server_args", [])]
+        if fields and not sparse:
+            raise SystemExit(f"{label}: variant {v!r} sets sparse fields {sorted(fields)} on a dense backend")
+        if fields:
+            cfg.update(fields)
+    return backend, cfg, extra
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
@@ -246,27 +270,16 @@ def run_backend(
     label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1,
     chunk: int = 8192, variants_declared: dict[str, dict] | None = None,
 ) -> dict:  # fmt: skip
-    """One server for ``label`` (``BACKEND[+variant...]``), every load ``repeat`` times on it. A variant is
-    ``sparse_decode`` or one of ``variants_declared`` (``--variant NAME JSON``: fields merged into the
-    sparse config)."""
-    backend, *variants = label.split("+")
-    cfg = None
-    if backend.lower().startswith("sparse_"):
-        cfg = json.loads(json.dumps(sparse_cfg))
-        for v in variants:
-            if v == "sparse_decode":
-                cfg["sparse_decode"] = True
-            elif v in (variants_declared or {}):
-                cfg.update(json.loads(json.dumps(variants_declared[v])))
-            else:
-                raise SystemExit(f"unknown variant {v!r} (declare it with --variant {v} JSON)")
+    """One server for ``label`` (``BACKEND[+variant...]``, see ``server_settings``), every load ``repeat``
+    times on it."""
+    backend, cfg, extra = server_settings(label, sparse_cfg, variants_declared)
     tag = label.lower().replace("+", "_")
     log_path = out / f"server_{tag}.log"
     profiled = [ld for ld in loads if LOADS[ld].get("profile")]
     if len(profiled) > 1 or (profiled and repeat > 1):
         raise SystemExit(f"{label}: one pass of one profile load per server ({profiled})")
     profile = (out / f"profile_{tag}", -(-LOADS[profiled[0]]["input"] // chunk) + 8) if profiled else None
-    cmd = server_cmd(model, backend, port, cfg, chunk, profile)
+    cmd = server_cmd(model, backend, port, cfg, chunk, profile, extra)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1"))  # fmt: skip
@@ -433,7 +446,8 @@ def main() -> None:
                    help="comma-separated LABEL[@load/load]: BACKEND[+sparse_decode], optionally its own loads")  # fmt: skip
     r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
     r.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
-                   help="a label suffix +NAME whose JSON fields are merged into that server's sparse config")
+                   help="a label suffix +NAME whose JSON fields are merged into that server's sparse config "
+                   "(its server_args, a list, go to vllm serve's command line, for any backend)")
     r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
     r.add_argument("--port", type=int, default=8123)
     r.add_argument("--chunk", type=int, default=8192, help="--max-num-batched-tokens of every server (chunked prefill)")

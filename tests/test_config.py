@@ -418,6 +418,18 @@ def test_sparse_decode_defaults_per_method(method, given, want):
     assert c.for_layer(1).sparse_decode is want
 
 
+def test_a_layer_may_decode_dense_or_sparse_apart_from_the_rest():
+    c = SparseConfig(method="quest", layers={7: {"sparse_decode": False}})
+    seven, eight = c.for_layer(7), c.for_layer(8)
+    assert (seven.sparse_decode, seven.decode_by_cost, seven.dense) == (False, False, False)  # prefill stays sparse
+    assert (eight.sparse_decode, eight.decode_by_cost) == (True, True)  # the method's default, decided by cost
+    assert not c.asks_sparse_decode() and c.may_decode_sparse()
+    quoka = SparseConfig(method="quoka", sparse_decode=False, layers={3: {"sparse_decode": True}})
+    assert quoka.for_layer(3).sparse_decode and not quoka.for_layer(4).sparse_decode
+    assert quoka.asks_sparse_decode() and quoka.may_decode_sparse()
+    assert not SparseConfig(method="quest", sparse_decode=False).may_decode_sparse()
+
+
 @pytest.mark.parametrize(
     "override,expect_budget",
     [

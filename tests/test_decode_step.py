@@ -97,3 +97,18 @@ def test_decode_break_even_per_gpu_and_method():
     assert decode_break_even_tokens("quest", "NVIDIA H100 80GB HBM3") == 32768
     assert decode_break_even_tokens("twilight", "NVIDIA H200") == 32768
     assert decode_break_even_tokens("quest", "NVIDIA A100-SXM4-80GB") == 0  # no table: the config decides
+
+
+def test_a_layer_that_decodes_dense_gets_dense_columns_beside_sparse_layers():
+    """``layers: {N: {sparse_decode: false}}``: that layer's policy is its own, its rows attend every page and
+    select none, and the layers beside it keep selecting in the same step."""
+    cfg = SparseConfig(method="quest", layers={7: {"sparse_decode": False}})
+    policies = [cfg.for_layer(i) for i in (6, 7, 8)]
+    assert policies[0] == policies[2] != policies[1]
+    buf = DecodeColumns(policies, 16, 4, 65536, "cpu")
+    step = buf.write(np.array([40001, 20001]), torch.zeros(4, 4096, dtype=torch.int32))
+    dense, sparse = step.host_columns[policies[1]], step.host_columns[policies[0]]
+    assert not step.selects(policies[1]) and step.selects(policies[0])
+    assert (dense[:, SELECT] == 0).all() and (dense[:, HEAD] == 0).all() and (dense[:, TAIL] == 0).all()
+    assert (sparse[:, SELECT] > 0).all()
+    assert (dense[:, TOTAL] == sparse[:, TOTAL]).all()

@@ -58,3 +58,11 @@ def test_the_mean_pages_estimate_the_dropped_mass():
 def test_a_variant_may_name_its_budget():
     rule = Rule("oracle-heads@0.5", 0.25, N, sink=N, local=N)
     assert (rule.name, rule.budget) == ("oracle-heads", 0.5)
+
+
+def test_a_variant_may_name_more_dense_layers():
+    rule = Rule("oracle@0.5:dense=3-5,9", 0.25, N, sink=N, local=N)
+    assert (rule.name, rule.budget, rule.dense_layers) == ("oracle", 0.5, {0, 3, 4, 5, 9})
+    q, k, v = tensors(seq=40 * N)
+    torch.testing.assert_close(rule.forward(4, q, k, v, D**-0.5), dense(q, k, v))
+    assert (rule.forward(6, q, k, v, D**-0.5) - dense(q, k, v)).abs().max() > 1e-3

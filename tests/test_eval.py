@@ -468,3 +468,17 @@ def test_variant_pairs_by_prompt():
     (a,) = [r for r in rows if r["task"] == "a"]
     assert a["difference"] == 0.75 and a["n"] == 4 and a["ci95"][0] < 0.75 < a["ci95"][1]
     assert "| sparse_q@0.25+t | sparse_q@0.25 | 4096 | a | +0.75" in pv.markdown(rows)
+
+
+def test_variant_pairs_may_be_named(tmp_path):
+    """``--pair VARIANT=BASE`` pairs labels the default rule would not (a variant of a variant)."""
+    pv = _benchmark_module("eval_pair_variants")
+    for name, label, score in (("base", "sparse_q@0.25+sd", 0.0), ("var", "sparse_q@0.25+d7sd", 1.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "samples.json").write_text(json.dumps([_rec(label, "a", i, score) for i in range(3)]))
+    out = tmp_path / "pairs.json"
+    args = ["--base", str(tmp_path / "base"), "--variant", str(tmp_path / "var"), "--out", str(out)]
+    assert pv.main(args) == 2  # no default pair: +d7sd's stem is not in the base run
+    assert pv.main([*args, "--pair", "sparse_q@0.25+d7sd=sparse_q@0.25+sd"]) == 0
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["task"] == "a"]
+    assert (row["variant"], row["base"], row["difference"], row["n"]) == ("sparse_q@0.25+d7sd", "sparse_q@0.25+sd", 1.0, 3)

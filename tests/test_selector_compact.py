@@ -320,6 +320,8 @@ def test_block_pages_default_and_start_up_reasons():
     text = reasons(sparse_decode=True, compact={"query_subgroup": 4})
     assert "sparse_decode = True" in text and "prefill chunks only" in text
     assert "compact.query_subgroup = 4" in text and "(8 query heads per KV head)" in text
+    assert "prefill chunks only" in reasons(layers={"3": {"sparse_decode": True}})  # one layer asking is refused too
+    assert reasons(layers={"3": {"sparse_decode": False}}) == ""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -292,6 +292,11 @@ class LayerOverride(_Strict):
     sink_tokens: Int | None = Field(None, ge=0)
     local_tokens: Int | None = Field(None, ge=0)
     dense: Bool | None = None
+    # This layer's decode steps sparse or dense, in place of the top-level ``sparse_decode`` (prefill
+    # chunks keep the layer's other settings). On Qwen2.5-Coder-1.5B at 32K a variable-tracking answer
+    # that every sparse decode loses comes back with one layer's decode dense (layer 7), where a budget of
+    # 50% in every layer does not (benchmarks/results/decode_tail_probe/).
+    sparse_decode: Bool | None = None
 
 
 #: ``chunk_query_window`` of each method when the config leaves it unset (see the field); methods not
@@ -378,6 +383,14 @@ class SparseConfig(_Strict):
             return "bounds"
         return "exact"
 
+    def asks_sparse_decode(self) -> bool:
+        """Whether the config asks for sparse decode steps anywhere (top level or a layer)."""
+        return bool(self.sparse_decode) or any(o.sparse_decode for o in self.layers.values())
+
+    def may_decode_sparse(self) -> bool:
+        """Whether some layer's decode steps may run sparse (not refused by the top level and every layer)."""
+        return self.sparse_decode is not False or self.asks_sparse_decode()
+
     def model_reasons(self, num_layers: int, num_kv_heads: int | None = None, tp_size: int = 1) -> list[str]:
         """Reasons this config does not fit a model with ``num_layers`` attention layers (and
         ``num_kv_heads`` KV heads, where known), served with tensor parallelism ``tp_size``."""
@@ -402,6 +415,7 @@ class SparseConfig(_Strict):
         o = self.layers.get(layer_idx, LayerOverride())
         budget = self.budget if o.budget is None else o.budget.apply(self.budget)
         dense = layer_idx in self.dense_layers if o.dense is None else o.dense
+        sparse_decode = self.sparse_decode if o.sparse_decode is None else o.sparse_decode
         return LayerPolicy(
             dense=dense,
             budget=budget,
@@ -411,8 +425,8 @@ class SparseConfig(_Strict):
             select_fraction=self.twilight.candidate_fraction if self.method == "twilight" else None,
             select_fraction_prefill=self.method != "twilight" or self.twilight.prune_prefill,
             select_all=self.method == "compact",
-            sparse_decode=self.method not in DENSE_DECODE if self.sparse_decode is None else self.sparse_decode,
-            decode_by_cost=self.sparse_decode is None and self.method not in DENSE_DECODE and not self.force_sparse,
+            sparse_decode=self.method not in DENSE_DECODE if sparse_decode is None else sparse_decode,
+            decode_by_cost=sparse_decode is None and self.method not in DENSE_DECODE and not self.force_sparse,
             force_sparse=self.force_sparse,
             sparse_prefill=self.sparse_prefill,
         )

@@ -62,5 +62,5 @@ def sparse_config_reasons(method: str, vllm_config) -> list[str]:
         hq = getattr(getattr(mc, "model_arch_config", None), "total_num_attention_heads", None)
         if hq and hkv and tp > 1:  # a worker's own query and KV heads (KV heads replicated past hkv ranks)
             hq, hkv = hq // tp, max(1, hkv // tp)
-        reasons += [f"config: {r}" for r in cfg.compact.engine_reasons(cfg.sparse_decode, hq, hkv)]
+        reasons += [f"config: {r}" for r in cfg.compact.engine_reasons(cfg.asks_sparse_decode(), hq, hkv)]
     return reasons

@@ -92,7 +92,7 @@ class KascadeSelector:
         if req.num_past_pages == 0 or req.context_len < c.dense_below_tokens:
             return False
         if req.query_len == 1:
-            return c.sparse_decode is not False
+            return c.may_decode_sparse()
         return c.sparse_prefill is not False
 
     def observe(self, query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor,

@@ -1,0 +1,33 @@
+"""benchmarks/serve_bench.py: how a label's variants become a server's sparse config and command line (no GPU)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from serve_bench import server_cmd, server_settings  # noqa: E402
+
+BASE = {"budget": {"fraction": 0.125}}
+VARIANTS = {"b32": {"server_args": ["--block-size", 32]}, "d8": {"layers": {"8": {"sparse_decode": False}}}}
+
+
+def test_sparse_variants_merge_into_the_config_and_the_command_line():
+    backend, cfg, extra = server_settings("sparse_quest+d8+b32+sparse_decode", BASE, VARIANTS)
+    assert backend == "sparse_quest" and extra == ["--block-size", "32"]
+    assert cfg == {**BASE, "layers": {"8": {"sparse_decode": False}}, "sparse_decode": True}
+    assert BASE == {"budget": {"fraction": 0.125}} and VARIANTS["b32"] == {"server_args": ["--block-size", 32]}
+    cmd = server_cmd(Path("/m"), backend, 8000, cfg, extra_args=extra)
+    assert cmd[-2:] == ["--block-size", "32"] and "--additional-config" in cmd
+
+
+def test_dense_backends_take_server_args_only():
+    assert server_settings("FLASH_ATTN+b32", BASE, VARIANTS) == ("FLASH_ATTN", None, ["--block-size", "32"])
+    assert server_settings("FLASH_ATTN", BASE, VARIANTS) == ("FLASH_ATTN", None, [])
+    with pytest.raises(SystemExit, match="dense backend"):
+        server_settings("FLASH_ATTN+d8", BASE, VARIANTS)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        server_settings("sparse_quest+nope", BASE, VARIANTS)
