@@ -52,6 +52,7 @@ BAD: dict[str, tuple[object, object]] = {
     f"layers.{LAYER}.sink_tokens": (True, -2),
     f"layers.{LAYER}.local_tokens": ("all", -3),
     f"layers.{LAYER}.dense": ("no", NO_RANGE),
+    f"layers.{LAYER}.sparse_decode": ("off", NO_RANGE),
     "models": ("Qwen/Qwen3-8B", NO_RANGE),  # a list of names, not one name
 }
 
