@@ -53,6 +53,33 @@ def test_head_sizes_pages_and_architectures(backend, monkeypatch):
     assert not backend.supports_compute_capability(Cap(7)), "Volta and older are refused"
 
 
+@pytest.mark.parametrize("backend", IMPLEMENTED, ids=lambda b: b.get_name())
+def test_preferred_page_size_per_platform(backend, monkeypatch):
+    """Quest asks vLLM for pages of 32 on GPUs (half the page bounds to read and rank per decode step);
+    the other methods, and every method on CPUs, keep vLLM's default, and ``--block-size`` wins."""
+    monkeypatch.setattr(backends.current_platform, "is_cuda", lambda: True)
+    expected = 32 if backend is backends.SparseQuestBackend else 16
+    assert backend.get_preferred_block_size(16) == expected
+    assert backend.get_preferred_block_size(64) == 64, "never smaller than the default it is given"
+    assert backend.supports_block_size(backend.get_preferred_block_size(16))
+    monkeypatch.setattr(backends.current_platform, "is_cuda", lambda: False)
+    assert backend.get_preferred_block_size(16) == 16
+
+
+def test_impl_reads_the_block_size_vllm_settles_after_building_the_model():
+    """vLLM builds the layers, then sets the block size a backend prefers: the impl (its warm-up,
+    scratch cache, executors) must see the settled size, not the one at construction."""
+    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+
+    cfg = VllmConfig(cache_config=CacheConfig(block_size=16))
+    with set_current_vllm_config(cfg):
+        impl = backends.SparseQuestBackend.get_impl_cls()(num_heads=8, head_size=64, scale=0.125, num_kv_heads=2)
+    assert impl.block_size == 16
+    cfg.cache_config.block_size = 32  # what update_block_size_for_backend does after load_model
+    assert impl.block_size == 32
+    assert impl.execute is impl.execute, "the executor is picked once"
+
+
 def test_cuda_graph_support_is_declared_per_platform(monkeypatch):
     from vllm_sparse.backend import metadata
 

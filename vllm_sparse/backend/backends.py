@@ -35,6 +35,7 @@ class SparseBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
+    gpu_page_tokens: ClassVar[int | None] = None  # preferred page size on GPUs (None: vLLM's default)
 
     @classmethod
     def supports_dtype(cls, dtype: torch.dtype) -> bool:
@@ -46,6 +47,14 @@ class SparseBackend(AttentionBackend):
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return [MultipleOf(16)]
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        """The page size vLLM gives this backend when ``--block-size`` is not passed: ``gpu_page_tokens``
+        on GPUs where the method sets one (vLLM's default elsewhere)."""
+        if cls.gpu_page_tokens and current_platform.is_cuda():
+            return max(default_block_size, cls.gpu_page_tokens)
+        return super().get_preferred_block_size(default_block_size)
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -138,6 +147,9 @@ class SparseQuokaBackend(SparseBackend):
 
 class SparseQuestBackend(SparseBackend):
     method = "quest"
+    # pages of 32 halve the page bounds a decode step reads and ranks (TPOT after 130K 0.706x -> 0.654x
+    # FLASH_ATTN's), with the same answers on the 1.5B model (``benchmarks/results/serve_bench_h100_session22/``)
+    gpu_page_tokens = 32
 
     @staticmethod
     def get_name() -> str:
@@ -150,6 +162,8 @@ class SparseQuestBackend(SparseBackend):
 
 class SparseTwilightBackend(SparseBackend):
     method = "twilight"
+    # pages of 16 until their accuracy is measured: `--block-size 32` decodes faster (TPOT after 130K 0.789x ->
+    # 0.745x FLASH_ATTN's, decode at 16 x 16K 1.36x -> 1.42x; ``benchmarks/results/serve_bench_h100_session23/``)
 
     @staticmethod
     def get_name() -> str:

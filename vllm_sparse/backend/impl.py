@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -96,14 +97,11 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.kv_order = "planes" if device_type == "cpu" else "interleaved"
         self.write_kv = get_kv_writer(device_type)
         self.write_decode_step = get_decode_step_writer(device_type)  # None: no fused decode write
-        self.block_size = vllm_config.cache_config.block_size
-        self.execute = self._pick_executor(device_type)
+        # vLLM settles the block size after the model is built (a backend's preferred block size,
+        # ``SparseBackend.get_preferred_block_size``): read it, and pick what depends on it, on first use
+        self._cache_config = vllm_config.cache_config
+        self._device_type = device_type
         self.max_model_len = mc.max_model_len if (mc := vllm_config.model_config) is not None else 0
-        self.dense_prefill = None  # dense prefill steps at FLASH_ATTN's cost (GPUs with vLLM's FlashAttention)
-        if device_type == "cuda" and self.config.executor != "reference":
-            from vllm_sparse.backend.dense_prefill import DensePrefill
-
-            self.dense_prefill = DensePrefill.create(head_size, self.block_size)
         if device_type == "cpu":
             from vllm_sparse.kernels import cpu_native
 
@@ -114,6 +112,25 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         self.layer_idx: int | None = None
         self._warm = False  # this layer's sparse prefill kernels compiled (see _warm_up_once)
         self._cached_views: CacheViews | None = None
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV page, as vLLM runs the engine (read when used, never cached)."""
+        return self._cache_config.block_size
+
+    @functools.cached_property
+    def execute(self):
+        """This layer's executor (``_pick_executor``), chosen on first use, once the block size is settled."""
+        return self._pick_executor(self._device_type)
+
+    @functools.cached_property
+    def dense_prefill(self):
+        """Dense prefill steps at FLASH_ATTN's cost (GPUs with vLLM's FlashAttention), else None."""
+        if self._device_type != "cuda" or self.config.executor == "reference":
+            return None
+        from vllm_sparse.backend.dense_prefill import DensePrefill
+
+        return DensePrefill.create(self.head_size, self.block_size)
 
     def _model_kv_heads(self, vllm_config) -> list[int] | None:
         """The model's KV heads this worker holds, in its local order, under tensor parallelism
