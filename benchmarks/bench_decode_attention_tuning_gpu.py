@@ -7,11 +7,11 @@ dense decode over the same rows' whole context (the bandwidth it reaches is the 
 stages and programs per SM (``splits``) on the pages a 1/8 (Quest) and a 1/4 (Twilight's
 candidates) selection attends, so the defaults can follow the measurement.
 
-Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16). Every case is
+Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 or ``--page-size``). Every case is
 captured in a CUDA graph and its replays timed with CUDA events (median of ``--reps``, L2 flushed
 before each, ``gpu_timing.Timer``).
 
-    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default]
+    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default] [--page-size 32]
 
 Beside the sweep, vLLM's FlashAttention (FA3) runs the same sparse rows as paged sequences of
 one KV head (``flash_attn_sparse_rows_splits*``): what a decode path through FlashAttention
@@ -32,6 +32,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_decode_select_gpu
 from bench_decode_select_gpu import decode_step
 from gpu_timing import Timer, graphed
 
@@ -182,6 +183,7 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
 
 
 def main() -> None:
+    global N
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--reps", type=int, default=30)
@@ -191,7 +193,9 @@ def main() -> None:
         help="BATCH:CONTEXT:FRACTION,... (fraction 1: dense rows, every page); default: "
         + ",".join(f"{b}:{c}:{f}" for b, c, f in CASES),
     )
+    ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
     args = ap.parse_args()
+    N = bench_decode_select_gpu.N = args.page_size
     cases = CASES
     if args.cases:
         cases = [(int(b), int(c), float(f)) for b, c, f in (x.split(":") for x in args.cases.split(","))]
@@ -208,6 +212,7 @@ def main() -> None:
         "method": "CUDA-graph replays, CUDA events, median of reps, L2 flushed before each rep",
         "reps": args.reps,
         "grid": args.grid,
+        "page_size": N,
         "cases": [case(timer, b, ctx, f, args.grid) for b, ctx, f in cases],
     }
     res["seconds"] = round(time.time() - t0, 1)

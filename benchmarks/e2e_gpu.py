@@ -186,7 +186,6 @@ def engine_kwargs(spec: dict) -> dict:
         "attention_backend": spec["backend"],
         "additional_config": spec.get("additional_config") or {},
         "dtype": spec.get("dtype", "bfloat16"),
-        "block_size": spec.get("block_size", 16),
         "max_model_len": spec["max_model_len"],
         "max_num_batched_tokens": spec["max_num_batched_tokens"],
         "max_num_seqs": spec.get("max_num_seqs", 8),
@@ -194,6 +193,8 @@ def engine_kwargs(spec: dict) -> dict:
         "enforce_eager": spec["mode"] == "eager",
         "seed": 0,
     }
+    if spec.get("block_size", 16) is not None:  # None: vLLM takes the backend's preferred block size
+        kw["block_size"] = spec.get("block_size", 16)
     if spec.get("dummy"):
         kw.update(load_format="dummy", skip_tokenizer_init=True)
     else:
@@ -217,6 +218,7 @@ def run_engine(spec: dict) -> dict:
     llm = LLM(**engine_kwargs(spec))
     res["engine_start_s"] = round(time.perf_counter() - t0, 1)
     res["async_scheduling"] = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    res["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
 
     def gen(prompts, max_tokens):
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -432,10 +434,14 @@ def tiny(args) -> dict:
         # the forced runs above take vLLM's default scheduling (async on GPUs); one without it
         specs.append({**common, "name": f"{mode}_forced_quest_sync", "mode": mode, "backend": "sparse_quest",
                       "additional_config": forced_sparse("quest"), "async_scheduling": False})  # fmt: skip
+        # and one that leaves the block size to the backend (Quest prefers pages of 32 on GPUs)
+        specs.append({**common, "name": f"{mode}_forced_quest_default_pages", "mode": mode, "backend": "sparse_quest",
+                      "additional_config": forced_sparse("quest"), "block_size": None})  # fmt: skip
     results = run_specs(specs, out, args.parallel, args.deadline_at)
     summary = {}
     for mode in args.modes.split(","):
-        kinds = ("flash_attn", "flashinfer", "sparse_full", "sparse_real", "forced_quest_sync")
+        kinds = ("flash_attn", "flashinfer", "sparse_full", "sparse_real")
+        kinds += ("forced_quest_sync", "forced_quest_default_pages")
         kinds += tuple(f"forced_{m}" for m in FORCED_METHODS)
         runs = {k: results.get(f"{mode}_{k}", {}) for k in kinds}
         pairs = [
@@ -444,7 +450,7 @@ def tiny(args) -> dict:
             ("flashinfer", "flash_attn"),
             ("sparse_real", "flash_attn"),
         ]
-        forced = FORCED_METHODS + ("quest_sync",)
+        forced = FORCED_METHODS + ("quest_sync", "quest_default_pages")
         pairs += [(f"forced_{m}", ref) for m in forced for ref in ("flash_attn", "flashinfer")]
         for a, b in pairs:
             if runs[a].get("ok") and runs[b].get("ok"):

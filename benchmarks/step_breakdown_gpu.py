@@ -1,7 +1,7 @@
 """Where a layer's time goes, per method, against dense in the same process: the breakdown the
 serving numbers need (issues 11 and 18) and the data the prefill cost model is fitted on.
 
-Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16), one layer,
+Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 or ``--page-size``), one layer,
 each method's shipped defaults (12.5% budget), the head-major cache with the method's metadata
 slots, CUDA events, median of reps, L2 flushed before every rep.
 
@@ -14,7 +14,7 @@ slots, CUDA events, median of reps, L2 flushed before every rep.
   alone; ``dense_fa_ms`` is FlashAttention's paged decode over every page (FLASH_ATTN's kernel),
   ``dense_ours_ms`` our decode kernel with no selection (QuoKA's default dense decode).
 
-    python benchmarks/step_breakdown_gpu.py --out DIR [--reps 10]
+    python benchmarks/step_breakdown_gpu.py --out DIR [--reps 10] [--page-size 32]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def prefill_case(timer, dense, method, q, ctx, seed, compare: bool = False) -> d
         0, q, torch.tensor([0, q], dtype=torch.int32, device="cuda"),
         torch.tensor([ctx + q], dtype=torch.int32, device="cuda"), c.block_table, q, ctx + q,
     )  # fmt: skip
-    r = {"phase": "prefill", "method": method, "query_len": q, "context": ctx}
+    r = {"phase": "prefill", "method": method, "query_len": q, "context": ctx, "page_size": N}
     r["dense_ms"] = timer(lambda: dense(query, c.k, c.v, rows, SCALE, out))
     cfg = SparseConfig(method=method, sparse_prefill=True)
     policy = cfg.for_layer(1)
@@ -200,7 +200,7 @@ def decode_case(timer, dense, method, b, ctx, seed, profile=False) -> dict:
             torch.cuda.synchronize()
         print(f"--- {method} decode B={b} ctx={ctx}: selection kernels, 5 calls")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60))
-    r = {"phase": "decode", "method": method, "batch": b, "context": ctx}
+    r = {"phase": "decode", "method": method, "batch": b, "context": ctx, "page_size": N}
     r["dense_fa_ms"] = timer(lambda: dense(query, c.k, c.v, rows, SCALE, out))
     r["dense_ours_ms"] = timer(graph(dense_ours))
     r["layer_ms"] = timer(graph(layer))
@@ -215,6 +215,7 @@ def decode_case(timer, dense, method, b, ctx, seed, profile=False) -> dict:
 
 
 def main() -> None:
+    global N
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=10)
@@ -224,7 +225,9 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--profile", action="store_true", help="print the selection's kernel times per decode case")
     ap.add_argument("--compare-executors", action="store_true", help="also time the previous prefill executor")
+    ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
     args = ap.parse_args()
+    N = args.page_size
     out, timer, dense = bench_setup(args.out, args.reps, D, N)
     results = []
 

@@ -55,10 +55,10 @@ def test_head_sizes_pages_and_architectures(backend, monkeypatch):
 
 @pytest.mark.parametrize("backend", IMPLEMENTED, ids=lambda b: b.get_name())
 def test_preferred_page_size_per_platform(backend, monkeypatch):
-    """Quest asks vLLM for pages of 32 on GPUs (half the page bounds to read and rank per decode step);
-    the other methods, and every method on CPUs, keep vLLM's default, and ``--block-size`` wins."""
+    """Quest and Twilight ask vLLM for pages of 32 on GPUs (half the page bounds to read and rank per
+    decode step); the other methods, and every method on CPUs, keep vLLM's default, and ``--block-size`` wins."""
     monkeypatch.setattr(backends.current_platform, "is_cuda", lambda: True)
-    expected = 32 if backend is backends.SparseQuestBackend else 16
+    expected = 32 if backend in (backends.SparseQuestBackend, backends.SparseTwilightBackend) else 16
     assert backend.get_preferred_block_size(16) == expected
     assert backend.get_preferred_block_size(64) == 64, "never smaller than the default it is given"
     assert backend.supports_block_size(backend.get_preferred_block_size(16))

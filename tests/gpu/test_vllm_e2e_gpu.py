@@ -108,6 +108,18 @@ def test_async_scheduling_is_on_and_exact_and_so_is_sync(results, mode):
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_quest_on_its_default_pages_of_32_matches_dense(results, mode):
+    """With no block size given, vLLM takes Quest's preferred pages of 32 (``get_preferred_block_size``;
+    the dense runs keep 16), and the forced selection path is still exact: a chunk of 100 tokens
+    starts inside a page of 32 as well."""
+    run = results["runs"][f"{mode}_forced_quest_default_pages"]
+    assert run.get("ok"), run.get("error") or run.get("log_tail")
+    assert run["block_size"] == 32 and results["runs"][f"{mode}_flash_attn"]["block_size"] == 16
+    assert run["sparse_stats"]["sparse_rows"] > 0, run["sparse_stats"]
+    _matches_dense(results["summary"], mode, "forced_quest_default_pages")
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_full_budget_runs_dense_and_real_budget_skips_pages(results, mode):
     """Counters over prefill and decode rows (decode rows counted by the metadata builder, since a
     replayed CUDA graph runs no Python)."""

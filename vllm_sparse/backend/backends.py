@@ -162,8 +162,11 @@ class SparseQuestBackend(SparseBackend):
 
 class SparseTwilightBackend(SparseBackend):
     method = "twilight"
-    # pages of 16 until their accuracy is measured: `--block-size 32` decodes faster (TPOT after 130K 0.789x ->
-    # 0.745x FLASH_ATTN's, decode at 16 x 16K 1.36x -> 1.42x; ``benchmarks/results/serve_bench_h100_session23/``)
+    # pages of 32 decode faster (TPOT after 130K 0.789x -> 0.745x FLASH_ATTN's, decode at 16 x 16K 1.36x -> 1.42x;
+    # ``benchmarks/results/serve_bench_h100_session23/``) with the same answers on both Qwen models, paired with pages
+    # of 16 on the same prompts: +0.00 / +0.01 (0.5B), +0.01 / +0.01 (1.5B) at 16K / 32K
+    # (``benchmarks/results/eval_qwen_gpu_session24/``)
+    gpu_page_tokens = 32
 
     @staticmethod
     def get_name() -> str:
