@@ -11,7 +11,8 @@ Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 
 captured in a CUDA graph and its replays timed with CUDA events (median of ``--reps``, L2 flushed
 before each, ``gpu_timing.Timer``).
 
-    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default] [--page-size 32]
+    python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default]
+        [--page-size 32] [--selection random|first] [--flush write|read|none] [--chain 16]
 
 Beside the sweep, vLLM's FlashAttention (FA3) runs the same sparse rows as paged sequences of
 one KV head (``flash_attn_sparse_rows_splits*``): what a decode path through FlashAttention
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_decode_select_gpu
 from bench_decode_select_gpu import decode_step
-from gpu_timing import Timer, graphed
+from gpu_timing import FLUSH_MODES, Timer, graphed
 
 from vllm_sparse.kernels.decode_attention import BLOCK_N, decode_attention_triton, num_splits
 from vllm_sparse.kernels.page_topk import select_top_pages_triton
@@ -121,14 +122,18 @@ def flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits: int) -> tupl
         return None
 
 
-def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
-    policy, step, num_blocks = decode_step(batch, context, fraction)
+def case(
+    timer, batch: int, context: int, fraction: float, grid: str, selection: str = "random", chain: int = 1
+) -> dict:
+    policy, step, num_blocks = decode_step(batch, context, fraction, ordered=selection == "first")
     cols = step.columns[policy]
     rows = batch * HKV
     cache = torch.randn(num_blocks, HKV, N, 2 * D, device="cuda", dtype=DTYPE)
     layout = PageLayout.of(cache, HKV, "interleaved")
     pk, pv = layout.page_keys(cache), layout.page_values(cache)
     scores = torch.randn(rows, step.page_cap, device="cuda")
+    if selection == "first":  # the first selectable pages: a row reads one run of consecutive logical pages
+        scores = -torch.arange(step.page_cap, device="cuda", dtype=torch.float32).expand(rows, -1).contiguous()
     sel, counts = select_top_pages_triton(scores, cols, HKV, step.select_caps[policy], counters=step.topk_counters)
     query = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     out = torch.empty_like(query)
@@ -136,7 +141,8 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
     attended = int(host[SELECT] + host[HEAD] + host[TOTAL] - host[TAIL])
     kv_bytes = rows * attended * N * D * 2 * cache.element_size()
     sms = num_sms(query.device)
-    r = {"batch": batch, "context": context, "fraction": fraction, "rows": rows, "pages_per_row": attended,
+    r = {"batch": batch, "context": context, "fraction": fraction, "selection": selection, "rows": rows,
+         "pages_per_row": attended,
          "kv_mib": kv_bytes / 2**20, "default_splits": num_splits(rows, query.device)}  # fmt: skip
     dense = flash_dense_ms(timer, cache, step.block_table, batch, context)
     if dense is not None:
@@ -152,7 +158,7 @@ def case(timer, batch: int, context: int, fraction: float, grid: str) -> dict:
                                     SCALE, out, splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
 
         try:
-            ms = timer(graphed(attend))
+            ms = timer(graphed(attend, chain)) / chain
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory for a large tile
             variants.append(
                 {"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "error": str(e)[:200]}
@@ -194,6 +200,21 @@ def main() -> None:
         + ",".join(f"{b}:{c}:{f}" for b, c, f in CASES),
     )
     ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
+    ap.add_argument("--flush", choices=FLUSH_MODES, default="write", help="how the L2 is emptied (gpu_timing)")
+    ap.add_argument(
+        "--chain",
+        type=int,
+        default=1,
+        help="calls captured back to back in one graph, time per call (what a layer pays inside vLLM's full graph, "
+        "the graph's launch paid once); FlashAttention's rows stay one call per replay",
+    )
+    ap.add_argument(
+        "--selection",
+        choices=["random", "first"],
+        default="random",
+        help="which pages the rows attend: the top of random scores over a random block table (scattered), or the "
+        "first selectable ones over an ordered table (consecutive in memory, as a dense row's)",
+    )
     args = ap.parse_args()
     N = bench_decode_select_gpu.N = args.page_size
     cases = CASES
@@ -201,7 +222,7 @@ def main() -> None:
         cases = [(int(b), int(c), float(f)) for b, c, f in (x.split(":") for x in args.cases.split(","))]
     torch.manual_seed(0)
     t0 = time.time()
-    timer = Timer(args.reps)
+    timer = Timer(args.reps, flush=args.flush)
     res = {
         "bench": "decode_attention_tuning_gpu",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -209,11 +230,14 @@ def main() -> None:
         "sms": num_sms(torch.device("cuda")),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "method": "CUDA-graph replays, CUDA events, median of reps, L2 flushed before each rep",
+        "method": f"CUDA-graph replays, CUDA events, median of reps, L2 flushed before each rep ({args.flush})",
+        "flush": args.flush,
         "reps": args.reps,
         "grid": args.grid,
         "page_size": N,
-        "cases": [case(timer, b, ctx, f, args.grid) for b, ctx, f in cases],
+        "selection": args.selection,
+        "chain": args.chain,
+        "cases": [case(timer, b, ctx, f, args.grid, args.selection, args.chain) for b, ctx, f in cases],
     }
     res["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)

@@ -150,14 +150,16 @@ def old_select_top_pages(scores, columns, num_kv_heads, k_cap):
 # --------------------------------------------------------------------------------------------
 
 
-def decode_step(batch: int, context: int, fraction: float = 0.125):
+def decode_step(batch: int, context: int, fraction: float = 0.125, ordered: bool = False):
     """Quest decode columns (``fraction`` of the context, sink 16, local 512) of ``batch`` requests
-    of ``context`` past tokens, over a random block table of ``context + 1`` tokens per request."""
+    of ``context`` past tokens, over a random block table of ``context + 1`` tokens per request
+    (``ordered``: blocks in order, consecutive logical pages consecutive in memory)."""
     policy = SparseConfig(method="quest", dense_below_tokens=0, sparse_decode=True, sink_tokens=16, local_tokens=512,
                           budget={"fraction": fraction, "min_tokens": 16, "max_tokens": None}).for_layer(1)  # fmt: skip
     pages = -(-(context + 1) // N)
     num_blocks = batch * pages + 16
-    table = torch.randperm(num_blocks, device="cuda")[: batch * pages].view(batch, pages).int()
+    perm = torch.arange(num_blocks, device="cuda") if ordered else torch.randperm(num_blocks, device="cuda")
+    table = perm[: batch * pages].view(batch, pages).int()
     step = DecodeColumns([policy], N, batch, MAX_MODEL_LEN, "cuda", num_kv_heads=HKV).write(
         np.full(batch, context + 1), table
     )

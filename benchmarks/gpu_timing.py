@@ -10,20 +10,36 @@ from pathlib import Path
 
 import torch
 
+#: How a ``Timer`` empties the L2 cache before each repetition:
+#: ``write``: a 512 MiB write (Triton's ``do_bench`` way). It leaves the L2 full of dirty lines, which the timed
+#:   kernel then writes back as it reads: about 50 MB of extra DRAM traffic, small beside a dense 128K layer's
+#:   512 MiB but as much as a sparse layer's 64 MiB of K/V.
+#: ``read``: a 512 MiB read, which leaves the L2 holding clean lines the kernel evicts for free (cold L2 as a
+#:   layer in a served step finds it after the weight GEMMs, which read and write little).
+#: ``none``: nothing (warm L2: inputs smaller than the L2 stay there between repetitions).
+FLUSH_MODES = ("write", "read", "none")
+
 
 class Timer:
-    """Median of CUDA-event times, L2 flushed (a 512 MiB write) before every repetition."""
+    """Median of CUDA-event times, L2 emptied before every repetition (``flush``, see ``FLUSH_MODES``)."""
 
-    def __init__(self, reps: int, warmup: int = 3):
-        self.reps, self.warmup = reps, warmup
+    def __init__(self, reps: int, warmup: int = 3, flush: str = "write"):
+        if flush not in FLUSH_MODES:
+            raise ValueError(f"flush must be one of {FLUSH_MODES}, got {flush!r}")
+        self.reps, self.warmup, self.flush = reps, warmup, flush
         self.flush_buf = torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        self._flush_sum = torch.empty((), dtype=torch.int64, device="cuda")
+        self._flush_words = self.flush_buf.view(torch.int64)
 
     def __call__(self, fn) -> float:
         for _ in range(self.warmup):
             fn()
         times = []
         for _ in range(self.reps):
-            self.flush_buf.zero_()
+            if self.flush == "write":
+                self.flush_buf.zero_()
+            elif self.flush == "read":
+                torch.sum(self._flush_words, 0, out=self._flush_sum)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -33,7 +49,7 @@ class Timer:
         return sorted(times)[len(times) // 2]
 
 
-def bench_setup(out: str, reps: int, head_dim: int, page_size: int):
+def bench_setup(out: str, reps: int, head_dim: int, page_size: int, flush: str = "write"):
     """What every per-layer GPU benchmark starts with: its output folder (made), the timer and vLLM's
     dense FlashAttention for the shapes. Returns ``(out, timer, dense)``."""
     from vllm_sparse.backend.dense_prefill import DensePrefill
@@ -42,7 +58,7 @@ def bench_setup(out: str, reps: int, head_dim: int, page_size: int):
     path.mkdir(parents=True, exist_ok=True)
     dense = DensePrefill.create(head_dim, page_size)
     assert dense is not None, "no FlashAttention in this vLLM build"
-    return path, Timer(reps), dense
+    return path, Timer(reps, flush=flush), dense
 
 
 def graphed(fn, count: int = 1):

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_timing import bench_setup, write_results
+from gpu_timing import FLUSH_MODES, bench_setup, write_results
 
 from vllm_sparse.backend.dense_prefill import DenseRows
 from vllm_sparse.backend.flash_rows import FlashRowsExecutor
@@ -226,16 +226,17 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print the selection's kernel times per decode case")
     ap.add_argument("--compare-executors", action="store_true", help="also time the previous prefill executor")
     ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
+    ap.add_argument("--flush", choices=FLUSH_MODES, default="write", help="how the L2 is emptied (gpu_timing)")
     args = ap.parse_args()
     N = args.page_size
-    out, timer, dense = bench_setup(args.out, args.reps, D, N)
+    out, timer, dense = bench_setup(args.out, args.reps, D, N, args.flush)
     results = []
 
     def save():
         write_results(
             out / "step_breakdown_gpu.json",
             "per-layer breakdown, Llama-3.1-8B layer shapes, shipped defaults (12.5% budget)",
-            "CUDA events, median of reps, L2 flushed before each rep; decode timed as CUDA-graph replays",
+            f"CUDA events, median of reps, L2 flushed before each rep ({args.flush}); decode timed as CUDA-graph replays",
             results,
         )
 
