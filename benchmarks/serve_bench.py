@@ -12,8 +12,9 @@ Loads (``--loads``, names from ``LOADS``): ``tpot128k`` one 130,000-token prompt
 16 decodes); ``A`` 32 requests of 16,000/256 at concurrency 16; ``B`` 8 of 64,000/128 at
 concurrency 4; ``C`` 6 of 16,000/16 one at a time. Every server log is scanned for vLLM's
 "JIT compilation during inference" warnings (kernels compiled while serving). ``prof16k`` and
-``prof128k`` (one per server, left out of the plot) serve one request of 16,000 or 130,000 tokens with
-vLLM's torch profiler on for 24 of its decode steps, traces in ``DIR/profile_<label>/``; then
+``prof128k`` (one per server, left out of the plot) serve one request of 16,000 or 130,000 tokens
+(``prof16x16k``: 16 requests of 16,000 together) with vLLM's torch profiler on for 24 of its decode
+steps, traces in ``DIR/profile_<label>/``; then
 ``benchmarks/decode_trace.py DIR/profile_flash_attn DIR/profile_sparse_quoka`` says where each step's
 time goes. Per-request ITLs and TTFTs are kept in every result JSON (``--save-detailed``).
 
@@ -53,8 +54,20 @@ LOADS = {
     # one request under vLLM's torch profiler (decode steps 9-32 of it; benchmarks/decode_trace.py reads the trace)
     "prof16k": {"input": 16000, "output": 48, "prompts": 1, "concurrency": 1, "profile": True},
     "prof128k": {"input": 130000, "output": 48, "prompts": 1, "concurrency": 1, "profile": True},
+    # 16 requests together: their prefill chunks (the first-prefilled decode beside the later chunks), 8 steps
+    # decoding all 16, then the profiled steps; 128 tokens each, so that no request ends before them
+    "prof16x16k": {"input": 16000, "output": 128, "prompts": 16, "concurrency": 16, "profile": True},
 }
 PROFILED_STEPS = 24  # decode steps a profile load records, after its prefill chunks and 8 decode steps
+
+
+def profile_skip_steps(load: str, chunk: int) -> int:
+    """Engine steps before a profile load's recorded ones: its prompts' prefill chunks (the prompts arrive
+    together), then 8 decode steps."""
+    spec = LOADS[load]
+    return -(-spec["prompts"] * spec["input"] // chunk) + 8
+
+
 METRICS = (
     "request_throughput",
     "output_throughput",
@@ -278,7 +291,7 @@ def run_backend(
     profiled = [ld for ld in loads if LOADS[ld].get("profile")]
     if len(profiled) > 1 or (profiled and repeat > 1):
         raise SystemExit(f"{label}: one pass of one profile load per server ({profiled})")
-    profile = (out / f"profile_{tag}", -(-LOADS[profiled[0]]["input"] // chunk) + 8) if profiled else None
+    profile = (out / f"profile_{tag}", profile_skip_steps(profiled[0], chunk)) if profiled else None
     cmd = server_cmd(model, backend, port, cfg, chunk, profile, extra)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from serve_bench import server_cmd, server_settings  # noqa: E402
+from serve_bench import profile_skip_steps, server_cmd, server_settings  # noqa: E402
 
 BASE = {"budget": {"fraction": 0.125}}
 VARIANTS = {"b32": {"server_args": ["--block-size", 32]}, "d8": {"layers": {"8": {"sparse_decode": False}}}}
@@ -31,3 +31,11 @@ def test_dense_backends_take_server_args_only():
         server_settings("FLASH_ATTN+d8", BASE, VARIANTS)
     with pytest.raises(SystemExit, match="unknown variant"):
         server_settings("sparse_quest+nope", BASE, VARIANTS)
+
+
+def test_profiled_steps_start_after_every_prompt_is_prefilled():
+    # one 130K prompt: 16 chunks of 8192, then 8 decode steps
+    assert profile_skip_steps("prof128k", 8192) == 16 + 8
+    # 16 prompts of 16K arriving together: 256,000 prefill tokens in 32 chunks, then 8 steps decoding all 16
+    assert profile_skip_steps("prof16x16k", 8192) == 32 + 8
+    assert profile_skip_steps("prof16k", 2048) == 8 + 8
