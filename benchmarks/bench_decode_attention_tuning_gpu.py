@@ -55,24 +55,33 @@ GRIDS = {
 }
 
 
-def flash_dense_ms(timer, cache, table, batch: int, context: int) -> float | None:
-    """vLLM's FlashAttention decode over the whole context of the same rows (``None`` without it)."""
+def layer_cycle(items: list):
+    """A function returning ``items`` in turn: the calls captured back to back in one graph
+    (``--chain``) read one cache each, as consecutive layers of a model do, not one cache from L2."""
+    it = itertools.cycle(items)
+    return lambda: next(it)
+
+
+def flash_dense_ms(timer, caches, table, batch: int, context: int) -> float | None:
+    """vLLM's FlashAttention decode over the whole context of the same rows (``None`` without it),
+    one call per cache of ``caches`` captured back to back, time per call."""
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
     except ImportError:
         return None
-    k = cache[..., :D].transpose(1, 2)  # [blocks, N, Hkv, D] view of the head-major cache
-    v = cache[..., D:].transpose(1, 2)
+    # [blocks, N, Hkv, D] views of the head-major caches
+    kv = layer_cycle([(c[..., :D].transpose(1, 2), c[..., D:].transpose(1, 2)) for c in caches])
     q = torch.randn(batch, HQ, D, device="cuda", dtype=DTYPE)
     cu_q = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     seqused = torch.full((batch,), context + 1, device="cuda", dtype=torch.int32)
 
     def run():
+        k, v = kv()
         flash_attn_varlen_func(q, k, v, max_seqlen_q=1, cu_seqlens_q=cu_q, max_seqlen_k=context + 1,
                                seqused_k=seqused, block_table=table, softmax_scale=SCALE, causal=True, fa_version=3)  # fmt: skip
 
     try:
-        return timer(graphed(run))
+        return timer(graphed(run, len(caches))) / len(caches)
     except Exception as e:  # noqa: BLE001 - strided K/V may be refused; the sweep stands without it
         print(f"flash_attn dense decode not timed: {e}", file=sys.stderr)
         return None
@@ -97,10 +106,11 @@ def sparse_rows_table(step, cols, sel, counts, head_slots: int) -> tuple[torch.T
     return table.cuda(), torch.tensor(lens, dtype=torch.int32, device="cuda")
 
 
-def flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits: int) -> tuple[float, torch.Tensor] | None:
+def flash_sparse_rows(timer, views, query, table, kv_lens, splits: int) -> tuple[float, torch.Tensor] | None:
     """vLLM's FlashAttention (FA3) decode over the same sparse rows (each row a sequence of one KV
     head and the G query heads of its group), ``num_splits`` fixed as a CUDA graph needs; ``None``
-    without it. Returns its time and output ``[B, Hq, D]``."""
+    without it. ``views``: ``(page_keys, page_values)`` per cache, one call each captured back to back.
+    Returns its time per call and the output ``[B, Hq, D]`` of the first cache's."""
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -110,13 +120,16 @@ def flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits: int) -> tupl
     out = torch.empty_like(q)
     cu_q = torch.arange(rows + 1, device="cuda", dtype=torch.int32)
 
+    kv = layer_cycle(views)
+
     def run():
+        pk, pv = kv()
         flash_attn_varlen_func(q=q, k=pk.unsqueeze(2), v=pv.unsqueeze(2), out=out, max_seqlen_q=1, cu_seqlens_q=cu_q,
                                max_seqlen_k=table.shape[1] * N, seqused_k=kv_lens, block_table=table,
                                softmax_scale=SCALE, causal=True, num_splits=splits, fa_version=3)  # fmt: skip
 
     try:
-        return timer(graphed(run)), out.view(query.shape)
+        return timer(graphed(run, len(views))) / len(views), out.view(query.shape)
     except Exception as e:  # noqa: BLE001
         print(f"flash_attn sparse rows not timed: {e}", file=sys.stderr)
         return None
@@ -128,9 +141,10 @@ def case(
     policy, step, num_blocks = decode_step(batch, context, fraction, ordered=selection == "first")
     cols = step.columns[policy]
     rows = batch * HKV
-    cache = torch.randn(num_blocks, HKV, N, 2 * D, device="cuda", dtype=DTYPE)
+    caches = [torch.randn(num_blocks, HKV, N, 2 * D, device="cuda", dtype=DTYPE) for _ in range(chain)]
+    cache = caches[0]
     layout = PageLayout.of(cache, HKV, "interleaved")
-    pk, pv = layout.page_keys(cache), layout.page_values(cache)
+    views = [(layout.page_keys(c), layout.page_values(c)) for c in caches]
     scores = torch.randn(rows, step.page_cap, device="cuda")
     if selection == "first":  # the first selectable pages: a row reads one run of consecutive logical pages
         scores = -torch.arange(step.page_cap, device="cuda", dtype=torch.float32).expand(rows, -1).contiguous()
@@ -144,7 +158,7 @@ def case(
     r = {"batch": batch, "context": context, "fraction": fraction, "selection": selection, "rows": rows,
          "pages_per_row": attended,
          "kv_mib": kv_bytes / 2**20, "default_splits": num_splits(rows, query.device)}  # fmt: skip
-    dense = flash_dense_ms(timer, cache, step.block_table, batch, context)
+    dense = flash_dense_ms(timer, caches, step.block_table, batch, context)
     if dense is not None:
         dense_bytes = rows * (context + 1) * D * 2 * cache.element_size()
         r["flash_attn_dense"] = {"ms": dense, "gb_per_s": dense_bytes / dense / 1e6}
@@ -153,12 +167,15 @@ def case(
     for block_n, warps, stages, pps in itertools.product(*GRIDS[grid]):
         splits = max(1, min(128, -(-pps * sms // rows)))
 
-        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits):
+        kv = layer_cycle(views)
+
+        def attend(block_n=block_n, warps=warps, stages=stages, splits=splits, kv=kv):
+            pk, pv = kv()
             decode_attention_triton(query, pk, pv, step.block_table, sel, counts, cols, layout.num_head_slots,
                                     SCALE, out, splits, block_n=block_n, num_warps=warps, num_stages=stages)  # fmt: skip
 
         try:
-            ms = timer(graphed(attend, chain)) / chain
+            ms = timer(graphed(attend, chain)) / chain  # the last captured call reads caches[0]
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory for a large tile
             variants.append(
                 {"block_n": block_n, "warps": warps, "stages": stages, "programs_per_sm": pps, "error": str(e)[:200]}
@@ -176,7 +193,7 @@ def case(
     best = min(ok, key=lambda v: v["ms"])
     table, kv_lens = sparse_rows_table(step, cols, sel, counts, layout.num_head_slots)
     for splits in sorted({num_splits(rows, query.device), 32}):
-        timed = flash_sparse_rows(timer, pk, pv, query, table, kv_lens, splits)
+        timed = flash_sparse_rows(timer, views, query, table, kv_lens, splits)
         if timed is not None:
             ms, fa_out = timed
             r[f"flash_attn_sparse_rows_splits{splits}"] = {
@@ -205,8 +222,9 @@ def main() -> None:
         "--chain",
         type=int,
         default=1,
-        help="calls captured back to back in one graph, time per call (what a layer pays inside vLLM's full graph, "
-        "the graph's launch paid once); FlashAttention's rows stay one call per replay",
+        help="calls captured back to back in one graph, each over a cache of its own as consecutive layers read, "
+        "time per call (what a layer pays inside vLLM's full graph, the graph's launch paid once), "
+        "FlashAttention's calls alike",
     )
     ap.add_argument(
         "--selection",
