@@ -9,8 +9,10 @@ host's CUDA-graph launches (a decode step in vLLM's full CUDA graphs is one ``cu
     busy    = GPU kernel, memcpy and memset time that starts within the period
     idle    = period - busy (the GPU waiting on the host, or launch gaps)
 
-and per kernel name the time per step. Two servers' reports side by side say whether a slower step
-spends more GPU time (and in which kernels) or leaves the GPU idle (host work on the critical path)::
+and per kernel name the time per step, and the same summed over kernel categories (``CATEGORIES``:
+attention, merge of splits, selection, K/V write, GEMM, other). Two servers' reports side by side say
+whether a slower step spends more GPU time (and in which kernels) or leaves the GPU idle (host work on
+the critical path)::
 
     python benchmarks/decode_trace.py OUT/profile_flash_attn OUT/profile_sparse_quoka [--json report.json]
 """
@@ -25,6 +27,40 @@ from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GRAPH_LAUNCH = "cudaGraphLaunch"
+#: Where a kernel's time goes in a decode step: the first category with a pattern in its name
+#: (FlashAttention's combine is a merge, not attention; the top-k's write pass is selection).
+CATEGORIES = (
+    ("merge", ("FlashAttnFwdCombine", "_decode_merge_kernel", "_merge_kernel", "MergeState")),
+    ("attention", ("FlashAttnFwd", "_decode_attn_kernel", "_attn_kernel", "BatchDecode", "BatchPrefill")),
+    (
+        "selection",
+        (
+            "_split_fused_kernel",
+            "_split_pass_kernel",
+            "_split_write_kernel",
+            "_select_pages_kernel",
+            "_quest_decode_bounds_kernel",
+            "_quest_bounds_kernel",
+            "_quoka_decode_score_kernel",
+            "_score_pages_kernel",
+            "_query_sim_kernel",
+            "_top_p_kernel",
+            "_decode_page_lse_kernel",
+            "_page_mass_kernel",
+            "_lse_partial_kernel",
+            "_anchor_decode",
+            "_fill_tables_kernel",
+            "_last_offset_kernel",
+        ),
+    ),
+    ("kv_write", ("reshape_and_cache", "_write_kernel", "_page_minmax_kernel")),
+    ("gemm", ("nvjet", "gemm", "splitKreduce", "cublas")),
+)
+
+
+def category(name: str) -> str:
+    """The ``CATEGORIES`` entry a kernel name falls in (``other`` where none matches)."""
+    return next((cat for cat, patterns in CATEGORIES if any(p in name for p in patterns)), "other")
 
 
 def load_events(path: Path) -> list[dict]:
@@ -46,8 +82,9 @@ def trace_files(target: Path) -> list[Path]:
 def step_report(events: list[dict], top: int = 15) -> dict | None:
     """Steps between consecutive graph launches (None when the trace has fewer than two).
 
-    Returns ``{"steps", "period_us", "busy_us", "idle_us"}`` (medians over the steps) and
-    ``"kernels"``: ``[(name, us per step)]``, the ``top`` names by total time in those steps.
+    Returns ``{"steps", "period_us", "busy_us", "idle_us"}`` (medians over the steps),
+    ``"kernels"``: ``[(name, us per step)]``, the ``top`` names by total time in those steps, and
+    ``"categories"``: ``{category: us per step}`` over every name (``category``).
     """
     launches = sorted(e["ts"] for e in events if e.get("name") == GRAPH_LAUNCH and "ts" in e)
     if len(launches) < 2:
@@ -71,12 +108,16 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
     steps = len(periods)
     period, work = statistics.median(periods), statistics.median(busy)
     kernels = sorted(((n, t / steps) for n, t in per_name.items()), key=lambda x: -x[1])[:top]
+    categories = {cat: 0.0 for cat, _ in CATEGORIES} | {"other": 0.0}
+    for n, t in per_name.items():
+        categories[category(n)] += t / steps
     return {
         "steps": steps,
         "period_us": round(period, 1),
         "busy_us": round(work, 1),
         "idle_us": round(period - work, 1),
         "kernels": [(n, round(t, 2)) for n, t in kernels],
+        "categories": {cat: round(t, 1) for cat, t in categories.items()},
     }
 
 
@@ -100,7 +141,10 @@ def main() -> None:
     args = ap.parse_args()
     reports = {t: report(Path(t), args.top) for t in args.targets}
     for t, r in reports.items():
-        print(f"{t}: {r['steps']} steps, period {r['period_us']} us, GPU busy {r['busy_us']} us, idle {r['idle_us']} us")
+        print(
+            f"{t}: {r['steps']} steps, period {r['period_us']} us, GPU busy {r['busy_us']} us, idle {r['idle_us']} us"
+        )
+        print("    per step: " + ", ".join(f"{cat} {us} us" for cat, us in r["categories"].items()))
         for name, us in r["kernels"]:
             print(f"    {us:9.2f} us/step  {name[:110]}")
     if args.json:

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from decode_trace import report, step_report  # noqa: E402
+from decode_trace import category, report, step_report  # noqa: E402
 
 
 def synthetic_trace(steps: int, period: float, kernels: list[tuple[str, float]], launch_cost: float = 5.0) -> list:
@@ -55,3 +55,24 @@ def test_report_picks_the_worker_trace_in_a_folder(tmp_path, gz):
         (tmp_path / name).write_text(json.dumps(worker))
     r = report(tmp_path)
     assert r["trace"].endswith(name) and r["steps"] == 5 and r["idle_us"] == 150.0
+
+
+def test_kernel_time_per_category():
+    kernels = [
+        ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>", 40.0),
+        ("void cutlass::device_kernel<flash::FlashAttnFwdCombine<...>>", 4.0),
+        ("_decode_attn_kernel", 20.0),
+        ("_decode_merge_kernel", 5.0),
+        ("_split_fused_kernel", 16.0),
+        ("_quest_decode_bounds_kernel", 10.0),
+        ("_write_kernel", 3.0),
+        ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>", 2.0),
+        ("nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT", 100.0),
+        ("triton_red_fused_fused_add_rms_norm_0", 7.0),
+    ]
+    r = step_report(synthetic_trace(3, 400.0, kernels))
+    assert r["categories"] == {
+        "merge": 9.0, "attention": 60.0, "selection": 26.0, "kv_write": 5.0, "gemm": 100.0, "other": 7.0
+    }  # fmt: skip
+    assert sum(r["categories"].values()) == r["busy_us"]
+    assert category("_split_write_kernel") == "selection" and category("_int4_write_kernel") == "kv_write"
