@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # session-25 machine 3 (one H100), written on the machine as /tmp/drv_loads.sh and run as `bash /tmp/drv_loads.sh REPO`:
-# issue 18's loads A-C for sparse_twilight, then FLASH_ATTN and FLASHINFER. The machine went back during FLASH_ATTN's
-# loads (its 30-minute hold), so only Twilight's results came back (../serve_bench_h100_session25/machine3_twilight_only/).
+# issue 18's loads A-C for sparse_twilight, then FLASH_ATTN and FLASHINFER. The machine was handed back during FLASH_ATTN's
+# loads (by its polling helper, early), so only Twilight's results came back (../serve_bench_h100_session25/machine3_twilight_only/).
 cd /tmp && rm -rf /tmp/repo25c && cp -r $1 /tmp/repo25c && cd /tmp/repo25c
 source /tmp/env.sh
 export PYTHONUNBUFFERED=1
