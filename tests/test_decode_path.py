@@ -64,6 +64,32 @@ def test_select_top_pages_matches_topk(pages, chunks):
 
 
 @in_process
+@pytest.mark.parametrize("stop_after", [1, 2, 3])
+@pytest.mark.parametrize("chunks", [None, 3])
+def test_select_top_pages_stops_at_the_first_digit_that_settles_it(stop_after, chunks):
+    """Positive scores built key by key: every page shares the first ``stop_after - 1`` 8-bit digits,
+    the k best have a larger digit ``stop_after`` than the others and random bits below it. The radix
+    search stops at that digit and the last pass compares keys by the digits above the random bits:
+    still exactly the k best pages."""
+    pages, k = 600, 37
+    g = gen(stop_after)
+    shift = 32 - 8 * stop_after  # the bits below the deciding digit
+    prefix = 0x3FC00000 & ~((1 << (shift + 8)) - 1)  # the digits every page shares (1.5's)
+    lo_digit, best_digit = (0x38, 0x40) if stop_after == 1 else (0, 0xF0)  # positive, finite floats
+    digits = torch.randint(lo_digit, best_digit, (HKV, pages), generator=g, dtype=torch.int64)
+    perm = torch.stack([torch.randperm(pages - 4, generator=g)[:k] + 2 for _ in range(HKV)])
+    digits.scatter_(1, perm, best_digit)
+    lower = torch.randint(0, 1 << shift, (HKV, pages), generator=g, dtype=torch.int64)
+    scores = (prefix | (digits << shift) | lower).to(torch.int32).view(torch.float32)
+    cols = _columns([(k, 2, pages - 2)], pages)
+    got, counts = select_top_pages_triton(scores.to(DEVICE), cols.to(DEVICE), HKV, pages, chunks=chunks)
+    want, want_counts = select_top_pages_reference(scores, cols, HKV, pages)
+    assert torch.equal(counts.cpu(), want_counts)
+    for r in range(HKV):
+        assert sorted(got[r, :k].cpu().tolist()) == want[r, :k].tolist() == sorted(perm[r].tolist()), r
+
+
+@in_process
 def test_select_top_pages_ties_keep_the_count():
     """Tied scores at the k-th place: exactly k distinct pages, all at least the k-th score."""
     pages = 50
