@@ -22,6 +22,7 @@ from vllm_sparse.config import SparseConfig
 from vllm_sparse.decode_step import DecodeColumns
 from vllm_sparse.kernels.decode_attention import decode_attention_reference, decode_attention_triton
 from vllm_sparse.kernels.page_topk import select_top_pages_reference, select_top_pages_triton
+from vllm_sparse.kernels.quest_rows import QuestRows
 from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
 from vllm_sparse.kernels.quoka_score import quoka_decode_scores_triton
 from vllm_sparse.layout import MetaPlanes, PageLayout
@@ -261,19 +262,24 @@ def _selectable_rows(seq_lens, policy):
     return torch.from_numpy(cols.host_columns[policy])
 
 
+def _quest_decode_case(seq_lens, seed):
+    """Quest decode columns of ``seq_lens``, a paged cache and random key min/max planes and queries:
+    ``(cols, batch, kmin, kmax, query)``."""
+    cfg = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET)
+    cols = _selectable_rows(seq_lens, cfg.for_layer(1))
+    batch = _cache(seq_lens, meta_slots=1, seed=seed)
+    g = gen(seed + 6)
+    nb = batch.kv_cache.shape[0]
+    a, b = randn(nb, HKV, D, g=g), randn(nb, HKV, D, g=g)
+    query = randn(len(seq_lens), HKV * G, D, g=g)
+    return cols, batch, torch.minimum(a, b), torch.maximum(a, b), query
+
+
 @in_process
 @pytest.mark.parametrize("reduce_max", [True, False])
 def test_quest_decode_bounds_match_reference(reduce_max):
     seq_lens = [200, 3, 90]
-    cfg = SparseConfig(method="quest", dense_below_tokens=0, sink_tokens=4, local_tokens=8, budget=BUDGET)
-    policy = cfg.for_layer(1)
-    cols = _selectable_rows(seq_lens, policy)
-    batch = _cache(seq_lens, meta_slots=1, seed=5)
-    g = gen(11)
-    nb = batch.kv_cache.shape[0]
-    a, b = randn(nb, HKV, D, g=g), randn(nb, HKV, D, g=g)
-    kmin, kmax = torch.minimum(a, b), torch.maximum(a, b)
-    query = randn(len(seq_lens), HKV * G, D, g=g)
+    cols, batch, kmin, kmax, query = _quest_decode_case(seq_lens, seed=5)
     cap = 64
     got = quest_decode_bounds_triton(
         query.to(DEVICE), kmin.to(DEVICE), kmax.to(DEVICE), batch.block_table.to(DEVICE), cols.to(DEVICE), cap,
@@ -287,6 +293,30 @@ def test_quest_decode_bounds_match_reference(reduce_max):
         want = page_upper_bounds(query[r : r + 1], kmin[blocks].transpose(0, 1), kmax[blocks].transpose(0, 1))
         rows = got[r * HKV : (r + 1) * HKV, ..., lo:hi]
         torch.testing.assert_close(rows, want.amax(dim=1) if reduce_max else want, rtol=1e-4, atol=1e-4)
+
+
+@in_process
+def test_quest_bounds_inside_the_top_k_pick_what_bounds_then_top_k_pick():
+    # rows that select some pages, none (3 tokens: dense) and, with a wide budget, every selectable page
+    seq_lens = [300, 3, 90, 170]
+    cols, batch, kmin, kmax, query = _quest_decode_case(seq_lens, seed=6)
+    cols[3, SELECT] = cols[3, TAIL] - cols[3, HEAD]  # every selectable page
+    cap, k_cap = 96, 80
+    dev = [t.to(DEVICE) for t in (query, kmin, kmax, batch.block_table, cols)]
+    bounds = quest_decode_bounds_triton(*dev, cap)
+    want, want_counts = select_top_pages_triton(bounds, dev[4], HKV, k_cap, chunks=3)  # split over programs
+    scores = torch.full((len(seq_lens) * HKV, cap), float("nan"), device=DEVICE)
+    got, counts = select_top_pages_triton(scores, dev[4], HKV, k_cap, chunks=1, quest=QuestRows(*dev[:4]))
+    assert torch.equal(counts.cpu(), want_counts.cpu())
+    ref, _ = select_top_pages_reference(bounds.cpu(), cols, HKV, k_cap)
+    for r, k in enumerate(counts.tolist()):
+        assert sorted(got[r, :k].tolist()) == sorted(want[r, :k].tolist()) == ref[r, :k].tolist()
+        lo, hi = (int(cols[r // HKV, c]) for c in (HEAD, TAIL))
+        if 0 < k < hi - lo:  # the rows that ranked pages scored them into the workspace
+            torch.testing.assert_close(scores[r, lo:hi].cpu(), bounds[r, lo:hi].cpu())
+    assert sum(0 < k < 50 for k in counts.tolist()) >= 4  # some rows ranked (not every page, not none)
+    with pytest.raises(AssertionError, match="one-program-a-row"):  # few long rows: the bounds kernel scores
+        select_top_pages_triton(scores, dev[4], HKV, k_cap, chunks=3, quest=QuestRows(*dev[:4]))
 
 
 @in_process

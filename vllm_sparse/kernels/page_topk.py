@@ -19,6 +19,10 @@ for every selectable page skip the search. Rows are long and few at long context
 per program grow with the row width fixed at engine start where the batch has few rows
 (``select_num_warps``).
 
+Quest's decode rows can be scored by the same program before it ranks them (``quest=``): the
+bounds then need no launch of their own (on an H100, 16 x 16K at pages of 32: 0.025 ms for both
+against 0.026 in two launches; 32 x 16K 0.037 against 0.041, session 27).
+
 Few long rows leave most SMs idle, so there each row is split into ``chunks`` programs
 (``split_chunks``, fixed per batch size): five launches, one per pass, each program taking the
 histogram of its chunk and writing it out; every program of the next pass sums its row's chunk
@@ -44,6 +48,7 @@ import triton
 import triton.language as tl
 
 from vllm_sparse.kernels.paged_attention import num_sms
+from vllm_sparse.kernels.quest_rows import QuestRows, quest_row_bounds
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
 
 RADIX_BITS = 8
@@ -121,6 +126,15 @@ def _select_pages_kernel(
     count_ptr,
     stride_s,
     stride_o,
+    q_ptr,
+    kmin_ptr,
+    kmax_ptr,
+    bt_ptr,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_mb,
+    stride_mh,
     HKV: tl.constexpr,
     NCOLS: tl.constexpr,
     C_SELECT: tl.constexpr,
@@ -128,6 +142,13 @@ def _select_pages_kernel(
     C_TAIL: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUEST: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    LOW_PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
     k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
@@ -140,6 +161,11 @@ def _select_pages_kernel(
                 p = p0 + tl.arange(0, BLOCK)
                 tl.store(out + (p - lo), p, mask=p < hi)
         else:
+            if QUEST:  # score the row's pages first (its program reads them back below)
+                quest_row_bounds(q_ptr, kmin_ptr, kmax_ptr, bt_ptr, row_ptr, row // HKV, row % HKV, lo, hi, stride_qt,
+                                 stride_qh, stride_bt, stride_mb, stride_mh, 0, G, BLOCK_G, D, BLOCK_D, BLOCK_P, True,
+                                 LOW_PRECISION)  # fmt: skip
+                tl.debug_barrier()
             # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
             # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest);
             # the search stops once every live page is taken (`rank == live`)
@@ -368,6 +394,7 @@ def _split_fused_kernel(
 
 
 MAX_CHUNKS = 16
+QUEST_BLOCK_P = 128  # pages per tile of the Quest bounds scored inside the top-k (``quest=``)
 MIN_CHUNK_PAGES = 512
 
 
@@ -404,12 +431,17 @@ def select_top_pages_triton(
     chunks: int | None = None,
     fused: bool | None = None,
     counters: torch.Tensor | None = None,
+    quest: QuestRows | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    block_p: int = QUEST_BLOCK_P,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The best pages of every (request, KV head) row.
 
     Args:
         scores: ``float32 [B * Hkv, P]`` page scores (higher is better); only ``[HEAD, TAIL)`` of
-            each row is read (other entries may hold anything).
+            each row is read (other entries may hold anything). With ``quest``, a workspace that
+            the kernels fill with the rows' Quest bounds before they select.
         columns: ``int32 [B, NUM_COLUMNS]`` decode columns (``policy.decode_columns``), device.
         num_kv_heads: ``Hkv``.
         k_cap: the widest selection any row can ask for (``DecodeStep.select_caps``).
@@ -420,6 +452,16 @@ def select_top_pages_triton(
         counters: ``int32 [>= 2 * B * Hkv]`` zeros that the one-launch kernel's barriers count in
             and leave zero (``DecodeStep.topk_counters``, a persistent buffer of the metadata
             builder, so that a captured graph replays with them); None: fresh zeros per call.
+        quest: score the pages in the same launch, by Quest's bounds with the ``max`` GQA rule
+            (``quest_rows.quest_row_bounds``): each row's program scores the pages it then ranks, so
+            the bounds need no launch of their own. One program a row only (``chunks`` 1: many rows;
+            few long rows score faster over the many programs of the bounds kernel: on an H100, 8
+            rows of 4,079 pages 0.030 ms against 0.026, session 27). Rows that select nothing or
+            every selectable page are not scored.
+        num_warps, num_stages, block_p: warps per program (default 4 for the split kernels,
+            ``select_num_warps`` for one program a row), pipeline stages (Triton's default) and
+            pages per tile of the Quest bounds (``QUEST_BLOCK_P``): tuning knobs for
+            ``benchmarks/bench_quest_select_gpu.py``.
     Returns:
         ``(pages int32 [B * Hkv, max(k_cap, 1)], counts int32 [B * Hkv])``: each row's first
         ``counts[row] = columns[request, SELECT]`` entries are distinct logical pages (entries past
@@ -433,13 +475,15 @@ def select_top_pages_triton(
     assert scores.stride(-1) == 1 and columns.is_contiguous() and columns.shape[1] == NUM_COLUMNS
     page_cap = scores.shape[1]
     chunks = chunks or split_chunks(page_cap, rows, num_sms(scores.device))
+    launch = {} if num_stages is None else {"num_stages": num_stages}
     if fused is None:
         fused = chunks > 1 and fused_ok(scores.device)
     if chunks > 1 or fused:
+        assert quest is None, "Quest bounds are scored inside the one-program-a-row kernel only (chunks=1)"
         hist = torch.empty(rows, 32 // RADIX_BITS, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=scores.device)
         consts = dict(HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
                       BLOCK=max(128, min(1024, triton.next_power_of_2(-(-page_cap // chunks)))),
-                      BLOCK_C=triton.next_power_of_2(chunks), num_warps=4)  # fmt: skip
+                      BLOCK_C=triton.next_power_of_2(chunks), num_warps=num_warps or 4, **launch)  # fmt: skip
         if fused:
             assert chunks == 1 or rows * chunks <= num_sms(scores.device), "a fused grid must fit on the GPU at once"
             if counters is None:
@@ -456,11 +500,18 @@ def select_top_pages_triton(
             scores, columns, hist, out, counts, scores.stride(0), out.stride(0), chunks, **consts,
         )  # fmt: skip
         return out, counts
-    warps = select_num_warps(page_cap, rows)
+    if quest is None:  # (pointers the kernel never reads)
+        q_args = (scores,) * 4 + (0,) * 5
+        q_consts = dict(QUEST=False, G=1, BLOCK_G=16, D=1, BLOCK_D=16, BLOCK_P=16, LOW_PRECISION=False)
+    else:
+        assert quest.query.shape[0] * quest.kmin.shape[1] == rows and quest.kmin.shape[1] == num_kv_heads
+        q_args = quest.args()
+        q_consts = dict(QUEST=True, BLOCK_P=block_p, **quest.constants())
+    warps = num_warps or select_num_warps(page_cap, rows)
     _select_pages_kernel[(rows,)](
-        scores, columns, out, counts, scores.stride(0), out.stride(0),
+        scores, columns, out, counts, scores.stride(0), out.stride(0), *q_args,
         HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
-        BLOCK=256 * warps, num_warps=warps,
+        BLOCK=256 * warps, num_warps=warps, **q_consts, **launch,
     )  # fmt: skip
     return out, counts
 

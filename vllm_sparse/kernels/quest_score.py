@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from vllm_sparse.kernels.decode_rows import programs_per_row, selectable_share
+from vllm_sparse.kernels.quest_rows import QuestRows, quest_row_bounds
 
 
 @triton.jit(do_not_specialize=["num_queries", "num_pages", "stride_bs"])
@@ -225,42 +226,12 @@ def _quest_decode_bounds_kernel(
 ):
     row = tl.program_id(0)
     req = row // HKV
-    kv = row % HKV
     start, end = selectable_share(cols_ptr, req, NCOLS, C_SELECT, C_HEAD, C_TAIL, BLOCK_P)
-    g = tl.arange(0, BLOCK_G)
-    gm = g < G
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    q = tl.load(
-        q_ptr + req.to(tl.int64) * stride_qt + (kv * G + g)[:, None] * stride_qh + d[None, :],
-        mask=gm[:, None] & dm[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    qp = tl.maximum(q, 0.0)
-    qn = tl.minimum(q, 0.0)
-    if LOW_PRECISION:
-        qp = qp.to(kmax_ptr.dtype.element_ty)
-        qn = qn.to(kmin_ptr.dtype.element_ty)
-    out_row = out_ptr + row.to(tl.int64) * stride_or
-    for p0 in range(start, end, BLOCK_P):
-        p = p0 + tl.arange(0, BLOCK_P)
-        pm = p < end
-        blk = tl.load(bt_ptr + req.to(tl.int64) * stride_bt + p, mask=pm, other=0).to(tl.int64)
-        moff = blk[:, None] * stride_mb + kv * stride_mh + d[None, :]
-        mm = pm[:, None] & dm[None, :]
-        kmax = tl.load(kmax_ptr + moff, mask=mm, other=0.0)
-        kmin = tl.load(kmin_ptr + moff, mask=mm, other=0.0)
-        if LOW_PRECISION:
-            u = tl.dot(qp, tl.trans(kmax)) + tl.dot(qn, tl.trans(kmin))
-        else:
-            u = tl.dot(qp, tl.trans(kmax.to(tl.float32)), input_precision="ieee") + tl.dot(
-                qn, tl.trans(kmin.to(tl.float32)), input_precision="ieee"
-            )
-        if REDUCE_MAX:
-            best = tl.max(tl.where(gm[:, None], u, float("-inf")), axis=0)
-            tl.store(out_row + p, best, mask=pm)
-        else:
-            tl.store(out_row + g[:, None] * stride_og + p[None, :], u, mask=gm[:, None] & pm[None, :])
+    quest_row_bounds(
+        q_ptr, kmin_ptr, kmax_ptr, bt_ptr, out_ptr + row.to(tl.int64) * stride_or, req, row % HKV, start, end,
+        stride_qt, stride_qh, stride_bt, stride_mb, stride_mh, stride_og, G, BLOCK_G, D, BLOCK_D, BLOCK_P,
+        REDUCE_MAX, LOW_PRECISION,
+    )  # fmt: skip
 
 
 def quest_decode_bounds_triton(
@@ -294,7 +265,7 @@ def quest_decode_bounds_triton(
     """
     from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
 
-    b, hq, d = query.shape
+    b, hq, _ = query.shape
     hkv = kmin.shape[1]
     g = hq // hkv
     rows = b * hkv
@@ -302,16 +273,12 @@ def quest_decode_bounds_triton(
     out = torch.empty(shape, dtype=torch.float32, device=query.device)
     if rows == 0:
         return out
-    assert query.stride(-1) == 1 and kmin.stride() == kmax.stride() and kmin.stride(-1) == 1
-    assert columns.is_contiguous() and block_table.stride(-1) == 1
+    assert columns.is_contiguous()
     progs = programs or programs_per_row(rows, page_cap, block_p, query.device)
-    low = query.is_cuda and query.dtype == kmin.dtype and query.dtype in (torch.bfloat16, torch.float16)
+    quest = QuestRows(query, kmin, kmax, block_table)
     _quest_decode_bounds_kernel[(rows, progs)](
-        query, kmin, kmax, block_table, columns, out,
-        query.stride(0), query.stride(1), block_table.stride(0), kmin.stride(0), kmin.stride(1),
-        out.stride(0), 0 if reduce_max else out.stride(1),
-        HKV=hkv, G=g, BLOCK_G=max(16, triton.next_power_of_2(g)), D=d, BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_P=block_p, REDUCE_MAX=reduce_max, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL,
-        LOW_PRECISION=low, num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}),
+        *quest.args()[:4], columns, out, *quest.args()[4:], out.stride(0), 0 if reduce_max else out.stride(1),
+        HKV=hkv, BLOCK_P=block_p, REDUCE_MAX=reduce_max, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL,
+        num_warps=num_warps, **quest.constants(), **({} if num_stages is None else {"num_stages": num_stages}),
     )  # fmt: skip
     return out

@@ -270,8 +270,11 @@ class QuestSelector:
         policy: LayerPolicy,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """See ``selectors.base.Selector.select_decode``: Quest bounds (the GQA rule over the group),
-        then the best ``SELECT`` pages of each row."""
-        from vllm_sparse.kernels.page_topk import select_top_pages_triton
+        then the best ``SELECT`` pages of each row; under the ``max`` rule, where the top-k runs one
+        program a row, one launch does both (``select_top_pages_triton(quest=...)``)."""
+        from vllm_sparse.kernels.page_topk import select_top_pages_triton, split_chunks
+        from vllm_sparse.kernels.paged_attention import num_sms
+        from vllm_sparse.kernels.quest_rows import QuestRows
         from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
 
         if meta is None or meta.kmin is None:
@@ -279,15 +282,23 @@ class QuestSelector:
         hkv, b = layout.num_kv_heads, step.num_reqs
         cols = step.columns[policy]
         q = query[:b]
+        cap, counters = step.select_caps[policy], step.topk_counters
+        rows = b * hkv
+        if self.gqa_reduce == "max" and split_chunks(step.page_cap, rows, num_sms(q.device)) == 1:
+            # many rows, one program each: bounds and top-k in one launch, each program scoring the pages it
+            # ranks (few long rows split over programs score faster in a launch of their own)
+            scores = torch.empty(rows, step.page_cap, dtype=torch.float32, device=q.device)
+            quest = QuestRows(q, meta.kmin, meta.kmax, step.block_table)
+            return select_top_pages_triton(scores, cols, hkv, cap, counters=counters, quest=quest)
         if self.gqa_reduce == "max":
             scores = quest_decode_bounds_triton(q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap)
-        else:
-            bounds = quest_decode_bounds_triton(
-                q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap, reduce_max=False
-            )
-            p = torch.arange(step.page_cap, device=q.device)[None, :]
-            lo = cols[:, HEAD].repeat_interleave(hkv)[:, None]
-            hi = cols[:, TAIL].repeat_interleave(hkv)[:, None]
-            scale = self.scale or q.shape[-1] ** -0.5
-            scores = group_scores(bounds, (p < lo) | (p >= hi), self.gqa_reduce, scale)
-        return select_top_pages_triton(scores, cols, hkv, step.select_caps[policy], counters=step.topk_counters)
+            return select_top_pages_triton(scores, cols, hkv, cap, counters=counters)
+        bounds = quest_decode_bounds_triton(
+            q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap, reduce_max=False
+        )
+        p = torch.arange(step.page_cap, device=q.device)[None, :]
+        lo = cols[:, HEAD].repeat_interleave(hkv)[:, None]
+        hi = cols[:, TAIL].repeat_interleave(hkv)[:, None]
+        scale = self.scale or q.shape[-1] ** -0.5
+        scores = group_scores(bounds, (p < lo) | (p >= hi), self.gqa_reduce, scale)
+        return select_top_pages_triton(scores, cols, hkv, cap, counters=counters)
