@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from vllm_sparse.eval.models import resolve_model
@@ -45,6 +46,64 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: flo
     raise TimeoutError(f"server not healthy after {timeout:.0f}s; see {log_path}")
 
 
+@contextmanager
+def served(
+    model_path: str,
+    served_name: str,
+    backend: str,
+    log_path: Path,
+    stats_path: Path,
+    max_model_len: int,
+    block_size: int = 32,
+    max_num_batched_tokens: int = 2048,
+    additional_config: dict | None = None,
+    extra_args: tuple[str, ...] = (),
+):
+    """vLLM's OpenAI server for ``model_path`` on this machine's CPU with ``backend``, started and, on
+    exit, stopped: yields ``(client, cmd)``, an ``openai`` client of it and the server's command line.
+    The server's output goes to ``log_path``, the sparse backend's page counters to ``stats_path``."""
+    from openai import OpenAI
+
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+        "--served-model-name", served_name, "--attention-backend", backend,
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+        "--max-model-len", str(max_model_len), "--block-size", str(block_size),
+        "--max-num-batched-tokens", str(max_num_batched_tokens), "--enforce-eager",
+        "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", str(2 << 30), *extra_args,
+    ]  # fmt: skip
+    if additional_config:
+        cmd += ["--additional-config", json.dumps(additional_config)]
+    env = {**os.environ, STATS_ENV: str(stats_path), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(proc, url, log_path)
+            yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600), cmd
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def stream_chat(client, model: str, messages: list[dict], max_tokens: int = 16) -> tuple[str, float | None, float]:
+    """One greedy chat request, streamed: ``(answer, seconds to the first token, seconds in all)``."""
+    start = time.perf_counter()
+    ttft, parts = None, []
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            ttft = ttft or time.perf_counter() - start
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts), ttft, time.perf_counter() - start
+
+
 def run_passkey(
     model: str = "qwen2.5-coder-0.5b-instruct",
     backend: str = "sparse_quoka",
@@ -56,7 +115,6 @@ def run_passkey(
     log_dir: str | None = None,
 ) -> dict:
     """Serve ``model`` with ``backend``, ask one passkey question; returns a result record."""
-    from openai import OpenAI
     from transformers import AutoTokenizer
 
     path = resolve_model(model)
@@ -65,43 +123,13 @@ def run_passkey(
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="vllm-sparse-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path, stats_path = log_dir / f"server-{backend}.log", log_dir / f"stats-{backend}.json"
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
-        "--served-model-name", model, "--attention-backend", backend,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-        "--max-model-len", str(max(context_tokens + 512, 4096)), "--block-size", str(block_size),
-        "--max-num-batched-tokens", str(max_num_batched_tokens), "--enforce-eager",
-        "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", str(2 << 30),
-    ]
-    if additional_config:
-        cmd += ["--additional-config", json.dumps(additional_config)]
-    env = {**os.environ, STATS_ENV: str(stats_path), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     print(f"[vllm-sparse] starting server: {backend} on {model} (log: {log_path})", flush=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(proc, url, log_path)
-            client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
-            print(f"[vllm-sparse] asking for the passkey in a {sample.prompt_tokens}-token haystack ...", flush=True)
-            start = time.perf_counter()
-            ttft, parts = None, []
-            stream = client.chat.completions.create(
-                model=model, messages=sample.messages, max_tokens=16, temperature=0.0, stream=True
-            )
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    ttft = ttft or time.perf_counter() - start
-                    parts.append(chunk.choices[0].delta.content)
-            total = time.perf_counter() - start
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    answer = "".join(parts).strip()
+    max_len = max(context_tokens + 512, 4096)
+    with served(path, model, backend, log_path, stats_path, max_len, block_size, max_num_batched_tokens,
+                additional_config) as (client, _):  # fmt: skip
+        print(f"[vllm-sparse] asking for the passkey in a {sample.prompt_tokens}-token haystack ...", flush=True)
+        answer, ttft, total = stream_chat(client, model, sample.messages)
+    answer = answer.strip()
     stats = read_stats(str(stats_path))
     return {
         "model": model, "backend": backend, "prompt_tokens": sample.prompt_tokens, "depth": depth,
@@ -113,7 +141,7 @@ def run_passkey(
         if backend.lower().startswith("sparse_")
         else 1.0,
         "page_counters": stats,
-    }
+    }  # fmt: skip
 
 
 def print_result(r: dict) -> None:
