@@ -4,8 +4,7 @@ dense decode over the same rows' whole context (the bandwidth it reaches is the 
 ``kernels.decode_attention`` streams each (request, KV head) row's selected and forced pages; at
 16 requests of 16K it reached about 2.0 TB/s where vLLM's FlashAttention reads the whole context at
 2.85 TB/s. This sweep times every combination of tokens per tile (``block_n``), warps, pipeline
-stages and programs per SM (``splits``; the ``splits`` grid: 1-3 splits exactly, 1 writing the output
-without a merge) on the pages a 1/8 (Quest) and a 1/4 (Twilight's candidates) selection attends, so
+stages and programs per SM (``splits``; the ``splits`` grid: 1-3 splits per row exactly) on the pages a 1/8 (Quest) and a 1/4 (Twilight's candidates) selection attends, so
 the defaults can follow the measurement.
 
 Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 or ``--page-size``). Every case is
@@ -54,7 +53,8 @@ GRIDS = {
     "launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4]),
     "wide": ([64, 128], [4, 8], [2, 3, 4], [1, 2, 4, 8]),  # long dense rows: larger tiles, more programs
     "default": ([BLOCK_N], [4], [3], [2]),
-    # a negative count is that many splits exactly (1: no merge, the attention writes the output), whatever the rows
+    # a negative count is that many splits per row exactly, whatever the rows (session 27 ran it with a variant whose
+    # single split wrote the output without the merge, not kept: gpu_session27/README.md)
     "splits": ([64, 128], [4, 8], [3], [-1, -2, -3]),
 }
 

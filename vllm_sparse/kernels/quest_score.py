@@ -11,6 +11,10 @@ launch scores every decode request of a step. The program loads its page summari
 for each head of the GQA group, runs over the row's queries in tiles, keeping an elementwise
 running max of the tiles' bounds that it reduces over the queries once per head (no reduction
 per tile). The GQA reduction and the top-k (rank merges included) stay in torch (``selectors.quest``).
+
+Decode rows have a kernel of their own below, whose row loop (``quest_rows.quest_row_bounds``) the
+top-k kernel also runs where it ranks one row per program: there Quest's decode selection is one
+launch (``kernels.page_topk``, ``quest=``).
 """
 
 from __future__ import annotations
