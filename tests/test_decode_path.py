@@ -27,6 +27,7 @@ from vllm_sparse.kernels.quest_score import quest_decode_bounds_triton
 from vllm_sparse.kernels.quoka_score import quoka_decode_scores_triton
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.int4_shadow import write_int4_shadow
+from vllm_sparse.metadata.minmax_int8 import decode_minmax_int8, encode_minmax_int8
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL, plan_step
 from vllm_sparse.selectors import make_selector
@@ -124,13 +125,15 @@ def _score_rows(kind: str, shape: tuple[int, int], g: torch.Generator) -> torch.
 @in_process
 @pytest.mark.parametrize("pages", [9, 300, 2600, 5000])
 @pytest.mark.parametrize(
-    "kind, chunks", [(k, c) for c in (None, 3) for k in SCORE_KINDS] + [("ties", 16), ("all_equal", 16)]
+    "kind, chunks",
+    [(k, c) for c in (None, 3) for k in SCORE_KINDS] + [("ties", 16), ("all_equal", 16), ("ties", 1), ("wide", 1)],
 )
 def test_select_top_pages_exact_with_ties(kind, pages, chunks):
     """The k largest pages exactly, ties at the k-th score going to the lower pages: k = 1,
     k = selectable - 1, every page, no page, a row of no selectable pages, and long rows (5000 pages
-    take the widest tile); one program a row (``None``: the interpreter's rule) or the row split
-    over ``chunks`` programs (16 chunks of a 9-page row leave most of them empty)."""
+    take the widest tile); one program a row (``None``: the interpreter's rule; 1: also for the long
+    rows, whose scores do not fit one tile of registers) or the row split over ``chunks`` programs
+    (16 chunks of a 9-page row leave most of them empty)."""
     n = pages - 3  # selectable pages [1, pages - 2)
     rows_spec = [(1, 1, pages - 2), (n - 1, 1, pages - 2), (n, 1, pages - 2), (0, 1, pages - 2), (0, 4, 4),
                  (n // 3, 1, pages - 2), (n // 2, 0, pages)]  # fmt: skip
@@ -317,6 +320,53 @@ def test_quest_bounds_inside_the_top_k_pick_what_bounds_then_top_k_pick():
     assert sum(0 < k < 50 for k in counts.tolist()) >= 4  # some rows ranked (not every page, not none)
     with pytest.raises(AssertionError, match="one-program-a-row"):  # few long rows: the bounds kernel scores
         select_top_pages_triton(scores, dev[4], HKV, k_cap, chunks=3, quest=QuestRows(*dev[:4]))
+
+
+def test_int8_minmax_codes_bound_the_planes_within_a_step():
+    g = gen(11)
+    a, b = randn(50, HKV, D, g=g) * 3, randn(50, HKV, D, g=g) * 3
+    kmin, kmax = torch.minimum(a, b).bfloat16(), torch.maximum(a, b).bfloat16()
+    kmin[0], kmax[0] = 0.0, 0.0  # an all-zero vector
+    kmax[1, 0, 5] = 1000.0  # an outlier channel widens its vector's step
+    lo, hi, scale = encode_minmax_int8(kmin, kmax)
+    assert lo.dtype == hi.dtype == torch.int8 and scale.shape == (50, HKV)
+    dlo, dhi = decode_minmax_int8(lo, scale).double(), decode_minmax_int8(hi, scale).double()
+    assert (dlo <= kmin.double()).all() and (dhi >= kmax.double()).all()  # still bounds
+    step = scale.double()[..., None]
+    assert (kmin.double() - dlo < step * (1 + 1e-6)).all() and (dhi - kmax.double() < step * (1 + 1e-6)).all()
+    assert (lo.abs() <= 127).all() and (hi.abs() <= 127).all() and torch.equal(lo[0], torch.zeros_like(lo[0]))
+
+
+@in_process
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_quest_bounds_of_int8_codes_match_the_decoded_planes(one_launch):
+    seq_lens = [300, 3, 90, 170]
+    cols, batch, kmin, kmax, query = _quest_decode_case(seq_lens, seed=8)
+    lo, hi, scale = encode_minmax_int8(kmin, kmax)
+    dlo, dhi = decode_minmax_int8(lo, scale), decode_minmax_int8(hi, scale)
+    cap, k_cap = 96, 80
+    dev = [t.to(DEVICE) for t in (query, lo, hi, batch.block_table, cols)]
+    if one_launch:  # scored inside the one-program-a-row top-k: the pages of the bounds of the decoded planes
+        scores = torch.full((len(seq_lens) * HKV, cap), float("nan"), device=DEVICE)
+        quest = QuestRows(*dev[:4], scale=scale.to(DEVICE))
+        got, counts = select_top_pages_triton(scores, dev[4], HKV, k_cap, chunks=1, quest=quest)
+        bounds = quest_decode_bounds_triton(query.to(DEVICE), dlo.to(DEVICE), dhi.to(DEVICE), *dev[3:], cap).cpu()
+        want, want_counts = select_top_pages_reference(bounds, cols, HKV, k_cap)
+        assert torch.equal(counts.cpu(), want_counts)
+        for r, k in enumerate(counts.tolist()):
+            assert sorted(got[r, :k].tolist()) == want[r, :k].tolist()
+        return
+    got = quest_decode_bounds_triton(*dev, cap, scale=scale.to(DEVICE)).cpu()
+    for r in range(len(seq_lens)):
+        k, p_lo, p_hi = (int(cols[r, c]) for c in (SELECT, HEAD, TAIL))
+        if not k:
+            continue
+        blocks = batch.block_table[r, p_lo:p_hi].long()
+        want = page_upper_bounds(query[r : r + 1], dlo[blocks].transpose(0, 1), dhi[blocks].transpose(0, 1))
+        exact = page_upper_bounds(query[r : r + 1], kmin[blocks].transpose(0, 1), kmax[blocks].transpose(0, 1))
+        rows = got[r * HKV : (r + 1) * HKV, p_lo:p_hi]
+        torch.testing.assert_close(rows, want.amax(dim=1), rtol=1e-4, atol=1e-4)
+        assert (rows >= exact.amax(dim=1) - 1e-4).all()  # the codes' bounds are at least the planes' bounds
 
 
 @in_process

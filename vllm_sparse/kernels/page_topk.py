@@ -135,6 +135,9 @@ def _select_pages_kernel(
     stride_bt,
     stride_mb,
     stride_mh,
+    scale_ptr,
+    stride_sb,
+    stride_sh,
     HKV: tl.constexpr,
     NCOLS: tl.constexpr,
     C_SELECT: tl.constexpr,
@@ -149,6 +152,7 @@ def _select_pages_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_P: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     row = tl.program_id(0)
     k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
@@ -163,8 +167,8 @@ def _select_pages_kernel(
         else:
             if QUEST:  # score the row's pages first (its program reads them back below)
                 quest_row_bounds(q_ptr, kmin_ptr, kmax_ptr, bt_ptr, row_ptr, row // HKV, row % HKV, lo, hi, stride_qt,
-                                 stride_qh, stride_bt, stride_mb, stride_mh, 0, G, BLOCK_G, D, BLOCK_D, BLOCK_P, True,
-                                 LOW_PRECISION)  # fmt: skip
+                                 stride_qh, stride_bt, stride_mb, stride_mh, scale_ptr, stride_sb, stride_sh, 0, G,
+                                 BLOCK_G, D, BLOCK_D, BLOCK_P, True, LOW_PRECISION, SCALED)  # fmt: skip
                 tl.debug_barrier()
             # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
             # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest);
@@ -501,8 +505,8 @@ def select_top_pages_triton(
         )  # fmt: skip
         return out, counts
     if quest is None:  # (pointers the kernel never reads)
-        q_args = (scores,) * 4 + (0,) * 5
-        q_consts = dict(QUEST=False, G=1, BLOCK_G=16, D=1, BLOCK_D=16, BLOCK_P=16, LOW_PRECISION=False)
+        q_args = (scores,) * 4 + (0,) * 5 + (scores, 0, 0)
+        q_consts = dict(QUEST=False, G=1, BLOCK_G=16, D=1, BLOCK_D=16, BLOCK_P=16, LOW_PRECISION=False, SCALED=False)
     else:
         assert quest.query.shape[0] * quest.kmin.shape[1] == rows and quest.kmin.shape[1] == num_kv_heads
         q_args = quest.args()

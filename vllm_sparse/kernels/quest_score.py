@@ -213,6 +213,9 @@ def _quest_decode_bounds_kernel(
     stride_bt,
     stride_mb,
     stride_mh,
+    scale_ptr,
+    stride_sb,
+    stride_sh,
     stride_or,
     stride_og,
     HKV: tl.constexpr,
@@ -227,14 +230,15 @@ def _quest_decode_bounds_kernel(
     C_HEAD: tl.constexpr,
     C_TAIL: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     row = tl.program_id(0)
     req = row // HKV
     start, end = selectable_share(cols_ptr, req, NCOLS, C_SELECT, C_HEAD, C_TAIL, BLOCK_P)
     quest_row_bounds(
         q_ptr, kmin_ptr, kmax_ptr, bt_ptr, out_ptr + row.to(tl.int64) * stride_or, req, row % HKV, start, end,
-        stride_qt, stride_qh, stride_bt, stride_mb, stride_mh, stride_og, G, BLOCK_G, D, BLOCK_D, BLOCK_P,
-        REDUCE_MAX, LOW_PRECISION,
+        stride_qt, stride_qh, stride_bt, stride_mb, stride_mh, scale_ptr, stride_sb, stride_sh, stride_og, G, BLOCK_G,
+        D, BLOCK_D, BLOCK_P, REDUCE_MAX, LOW_PRECISION, SCALED,
     )  # fmt: skip
 
 
@@ -250,6 +254,7 @@ def quest_decode_bounds_triton(
     block_p: int = 64,
     num_warps: int = 4,
     num_stages: int | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quest bounds of every decode row over its selectable pages, lengths read on the device.
 
@@ -262,6 +267,7 @@ def quest_decode_bounds_triton(
         reduce_max: max over the G query heads of each row (the ``max`` GQA rule) in the kernel.
         programs, block_p, num_warps, num_stages: programs per row (None: ``programs_per_row``),
             pages per tile, warps and pipeline stages (None: Triton's default).
+        scale: ``[num_blocks, Hkv]`` with ``int8`` planes (``QuestRows.scale``).
     Returns:
         ``float32 [B * Hkv, P]`` (``reduce_max``) or ``[B * Hkv, G, P]``; only the columns
         ``[HEAD, TAIL)`` of rows that select are written (the rest is unspecified). Row by row
@@ -279,7 +285,7 @@ def quest_decode_bounds_triton(
         return out
     assert columns.is_contiguous()
     progs = programs or programs_per_row(rows, page_cap, block_p, query.device)
-    quest = QuestRows(query, kmin, kmax, block_table)
+    quest = QuestRows(query, kmin, kmax, block_table, scale)
     _quest_decode_bounds_kernel[(rows, progs)](
         *quest.args()[:4], columns, out, *quest.args()[4:], out.stride(0), 0 if reduce_max else out.stride(1),
         HKV=hkv, BLOCK_P=block_p, REDUCE_MAX=reduce_max, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL,
