@@ -98,6 +98,8 @@ def case(timer, batch: int, context: int, chain: int) -> dict:
     if r["chunks"] == 1:  # (scored inside the top-k only where it runs one program a row)
         calls |= {name: (lambda *p, kw=kw: fused(*p, **kw), planes) for name, kw in VARIANTS.items()}
         calls["fused_int8"] = (fused, planes8)
+        # int8 tiles of 256 pages are the bytes of bf16 tiles of 128: half the tiles a row waits for
+        calls["fused_int8_block_p256"] = (lambda *p: fused(*p, block_p=256), planes8)
     refs = {id(planes): pair(*planes[0]), id(planes8): pair(*planes8[0])}
     for name, (fn, sets) in calls.items():
         state = {"i": 0}
