@@ -26,8 +26,8 @@ Formats of the planes (bytes per (page, KV head) with ``D`` channels):
   ``kmin_q = floor(kmin / s)``, ``kmax_q = ceil(kmax / s)`` in ``[-127, 127]``, read back as ``q * s``.
   Computed in float64, where ``q * s`` is exact, and checked to bound the keys there and again after
   the cast to float32 (rounding to nearest is monotone and the bf16 planes are float32 values). The
-  format of ``vllm_sparse/metadata/minmax_int8.py``, which the Triton bounds kernels read (session 28:
-  its ``decode_minmax_int8(encode_minmax_int8(...))`` gave these very planes on random bf16 planes).
+  format of ``vllm_sparse/metadata/minmax_int8.py``, which the Triton bounds kernels read, and built by
+  it (the recorded run used an equal float64 copy of it here, checked to give the same planes).
 * ``fp8_e4m3`` (``2 D``): the planes cast to ``float8_e4m3fn`` and rounded outward (cast to nearest,
   compare the value back, step one code through the uint8 bit pattern where it does not bound).
   ``e4m3fn`` ends at +-448: an entry beyond it (``kmin < -448`` or ``kmax > 448``) cannot be bounded;
@@ -78,10 +78,10 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from vllm_sparse.eval.recall_run import RecallConfig, method_configs  # noqa: E402
+from vllm_sparse.metadata.minmax_int8 import encode_minmax_int8  # noqa: E402
 
 FORMATS = ("bf16", "int8_vec", "fp8_e4m3", "fp8_vec")
 FP8_MAX = 448.0
-INT8_MAX = 127.0
 PAGE_SIZE = 32  # Quest's GPU default (RecallConfig's page_size is 16)
 STEPS = ("decode", "prefill")
 BOOTSTRAP_REPS = 2000
@@ -105,23 +105,6 @@ def _scale(absmax: torch.Tensor, qmax: float) -> torch.Tensor:
             return s.double()
         s = torch.where(bad, torch.nextafter(s, torch.full_like(s, math.inf)), s)
     raise AssertionError("scale did not settle")
-
-
-def _int8_outward(x: torch.Tensor, s: torch.Tensor, down: bool) -> torch.Tensor:
-    """``float64``: ``q * s`` with the integer ``q`` in ``[-127, 127]`` closest to ``x`` on the bounding
-    side (``q * s <= x`` for ``down``, ``>= x`` otherwise); ``x`` float64, ``s`` float64 (float32 values)."""
-    q = torch.floor(x / s) if down else torch.ceil(x / s)
-    step = -1.0 if down else 1.0
-    for _ in range(4):  # the float64 quotient may round across an integer: fix it with the exact products
-        wrong = (q * s > x) if down else (q * s < x)
-        q = torch.where(wrong, q + step, q)
-        loose = ((q - step) * s <= x) if down else ((q - step) * s >= x)  # a tighter code bounds too
-        q = torch.where(loose & ~wrong, q - step, q)
-        if not wrong.any() and not loose.any():
-            break
-    assert bool(((q * s <= x) if down else (q * s >= x)).all()), "int8 planes do not bound"
-    assert bool((q.abs() <= INT8_MAX).all()), "int8 code out of range"
-    return q * s
 
 
 def _fp8_step(codes: torch.Tensor, down: bool, mask: torch.Tensor) -> torch.Tensor:
@@ -162,8 +145,10 @@ def quantize_planes(fmt: str, kmin: torch.Tensor, kmax: torch.Tensor) -> tuple[t
         return lo, hi, {"planes_over_448": 0, "planes_unbounded": 0, "slack": 0.0}
     absmax = torch.maximum(lo64.abs(), hi64.abs()).amax(dim=-1, keepdim=True)  # [Hkv, P, 1]
     if fmt == "int8_vec":
-        s = _scale(absmax, INT8_MAX)
-        dlo, dhi = _int8_outward(lo64, s, True), _int8_outward(hi64, s, False)
+        lo_codes, hi_codes, scale = encode_minmax_int8(kmin, kmax)  # the format the bounds kernels read
+        s64 = scale.double()[..., None]  # (read back exactly in float64; decode_minmax_int8 rounds to float32)
+        dlo, dhi = lo_codes.double() * s64, hi_codes.double() * s64
+        assert bool((dlo <= lo64).all() and (dhi >= hi64).all()), "int8 planes do not bound"
         over_lo = over_hi = torch.zeros_like(lo64, dtype=torch.bool)
     elif fmt in ("fp8_e4m3", "fp8_vec"):
         s = torch.ones_like(absmax) if fmt == "fp8_e4m3" else _scale(absmax, FP8_MAX)
