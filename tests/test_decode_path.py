@@ -413,8 +413,11 @@ def _write_meta(batch, method):
         ("quest", {}),
         ("quest", {"quest": {"gqa_reduce": "sum"}}),
         ("quest", {"quest": {"gqa_reduce": "union"}}),
+        ("quest", {"quest": {"decode_planes": "int8"}}),
+        ("quest", {"quest": {"gqa_reduce": "sum", "decode_planes": "int8"}}),
         ("twilight", {"twilight": {"top_p": 1.0}}),
         ("twilight", {"twilight": {"top_p": 0.8}}),
+        ("twilight", {"twilight": {"top_p": 1.0}, "quest": {"decode_planes": "int8"}}),
     ],
 )
 def test_select_decode_matches_per_request_selection(method, extra):
@@ -451,6 +454,37 @@ def test_select_decode_matches_per_request_selection(method, extra):
             assert len(got_set ^ want_set) <= 1, (r, got_set, want_set)
         else:
             assert got_set == want_set, (r, got_set, want_set)
+
+
+@in_process
+def test_int8_decode_planes_are_what_decode_steps_read():
+    """Under ``quest.decode_planes: int8`` a decode step ranks pages by the INT8 codes alone: planes in
+    the cache dtype overwritten after the write change the default selection and leave this one."""
+    seq_lens = [230, 181, 97]
+    picks = {}
+    for planes_cfg in ("cache", "int8"):
+        cfg = SparseConfig(method="quest", dense_below_tokens=16, sink_tokens=4, local_tokens=12, budget=BUDGET,
+                           quest={"decode_planes": planes_cfg})  # fmt: skip
+        policy = cfg.for_layer(1)
+        batch = _cache(seq_lens, meta_slots=MetaPlanes.for_method("quest", HKV, N, D, torch.float32).num_slots, seed=21)
+        layout, meta = _write_meta(batch, "quest")
+        query = randn(len(seq_lens), HKV * G, D, g=gen(6)) * 2
+        selector = make_selector(cfg, D**-0.5)
+        step = DecodeColumns([policy], N, 8, 512, "cpu").write(np.array(seq_lens), batch.block_table)
+        dev = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+        step = type(step)(**{**step.__dict__, "block_table": dev(step.block_table),
+                             "columns": {p: dev(c) for p, c in step.columns.items()}})  # fmt: skip
+        for garbage in (False, True):
+            if garbage:  # the planes in the cache dtype, reversed along the pages
+                meta.kmin.copy_(meta.kmin.flip(0))
+                meta.kmax.copy_(meta.kmax.flip(0))
+            meta_dev = type(meta)(*(dev(t) for t in meta))
+            pages, counts = selector.select_decode(
+                query.to(DEVICE), layout.page_keys(batch.kv_cache.to(DEVICE)), layout, meta_dev, step, policy
+            )
+            picks[planes_cfg, garbage] = [sorted(pages[r, : int(counts[r])].tolist()) for r in range(pages.shape[0])]
+    assert picks["int8", False] == picks["int8", True]
+    assert picks["cache", False] != picks["cache", True]
 
 
 @in_process

@@ -16,6 +16,7 @@ from helpers import (
 
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.int4_shadow import dequantize_int4, quantize_int4, write_int4_shadow
+from vllm_sparse.metadata.minmax_int8 import encode_minmax_int8
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.metadata.writer import write_kv_reference
 
@@ -35,14 +36,15 @@ def test_methods_without_metadata_get_no_planes():
 @pytest.mark.parametrize(
     "method,hkv,n,d,dtype,want_bytes,want_slots",
     [
-        # Llama-3.1-8B shapes, bf16, page 16: a slot is 16 * 256 * 2 = 8192 bytes
-        ("quest", 8, 16, 128, torch.bfloat16, 2 * 8 * 128 * 2, 1),
-        ("twilight", 8, 16, 128, torch.bfloat16, 4096 + 8 * 16 * 64 + 2 * 8 * 16 * 2, 2),
+        # Llama-3.1-8B shapes, bf16, page 16: a slot is 16 * 256 * 2 = 8192 bytes; the INT8 codes of the
+        # min/max (2 * 8 * 128 bytes and 8 float32 scales) fit the same slot
+        ("quest", 8, 16, 128, torch.bfloat16, 2 * 8 * 128 * 2 + 2 * 8 * 128 + 8 * 4, 1),
+        ("twilight", 8, 16, 128, torch.bfloat16, 6176 + 8 * 16 * 64 + 2 * 8 * 16 * 2, 2),
         # the tiny test model: 2 KV heads, d 64, fp32, page 32
-        ("quest", 2, 32, 64, torch.float32, 2 * 2 * 64 * 4, 1),
-        ("twilight", 2, 32, 64, torch.float32, 1024 + 2 * 32 * 32 + 2 * 2 * 32 * 2, 1),
-        # more KV heads than tokens per page: min/max spill into a second slot
-        ("quest", 8, 4, 16, torch.float16, 2 * 8 * 16 * 2, 2),
+        ("quest", 2, 32, 64, torch.float32, 2 * 2 * 64 * 4 + 2 * 2 * 64 + 2 * 4, 1),
+        ("twilight", 2, 32, 64, torch.float32, 1296 + 2 * 32 * 32 + 2 * 2 * 32 * 2, 1),  # (1288 aligned to 16)
+        # more KV heads than tokens per page: min/max and codes spill into more slots of 256 bytes
+        ("quest", 8, 4, 16, torch.float16, 2 * 8 * 16 * 2 + 2 * 8 * 16 + 8 * 4, 4),
     ],
 )
 def test_plane_sizes(method, hkv, n, d, dtype, want_bytes, want_slots):
@@ -174,6 +176,9 @@ class Sim:
                 keys = torch.stack([raw_read(self.cache, self.order, b, h, o)[0] for o in range(fill)])
                 assert torch.equal(self.meta.kmin[b, h], keys.amin(dim=0)), (b, h)
                 assert torch.equal(self.meta.kmax[b, h], keys.amax(dim=0)), (b, h)
+                lo, hi, scale = encode_minmax_int8(keys.amin(dim=0), keys.amax(dim=0))
+                assert torch.equal(self.meta.kmin8[b, h], lo) and torch.equal(self.meta.kmax8[b, h], hi), (b, h)
+                assert torch.equal(self.meta.mscale[b, h], scale), (b, h)
                 codes, scale, zero = quantize_int4(keys)
                 assert torch.equal(self.meta.codes[b, h, :fill], codes), (b, h)
                 assert torch.equal(self.meta.scale[b, h, :fill], scale) and torch.equal(self.meta.zero[b, h, :fill], zero)

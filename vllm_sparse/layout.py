@@ -10,8 +10,8 @@ Each (block, head slot) is one contiguous region, so a (block, KV head) pair is 
 the physical id ``block * num_head_slots + head``.
 
 The metadata slots of a block are one contiguous byte region (``MetaPlanes`` below carves it into
-typed planes: key min/max per page for Quest, INT4 key shadows with per-token scale and zero
-point for Twilight).
+typed planes: key min/max per page for Quest, with their INT8 codes beside them, INT4 key shadows
+with per-token scale and zero point for Twilight).
 
 Inside a K/V head slot two byte orders exist, one per platform's native kernels:
 
@@ -96,8 +96,8 @@ _ALIGN = 16  # bytes: every plane starts 16-byte aligned inside a block's metada
 
 #: The planes each method keeps (methods not listed keep none and get no extra head slots).
 METHOD_PLANES: dict[str, tuple[str, ...]] = {
-    "quest": ("minmax",),
-    "twilight": ("minmax", "int4"),  # min/max feeds the default quest candidates
+    "quest": ("minmax", "minmax_int8"),
+    "twilight": ("minmax", "minmax_int8", "int4"),  # min/max feeds the default quest candidates
 }
 
 
@@ -115,6 +115,10 @@ class PageMeta(NamedTuple):
             nibble and ``2i + 1`` in the high nibble of byte ``i`` (Twilight).
         scale, zero: ``float16 [num_blocks, Hkv, N]`` per token and KV head:
             ``k ~= code * scale + zero`` (asymmetric, one group = one key vector of D channels).
+        kmin8, kmax8: ``int8 [num_blocks, Hkv, D]`` codes of ``kmin``/``kmax`` rounded outward,
+            and ``mscale``: ``float32 [num_blocks, Hkv]`` their scale: ``kmin8 * mscale <= kmin``
+            and ``kmax8 * mscale >= kmax`` (``metadata.minmax_int8``; what a decode step's Quest
+            selection reads under ``quest.decode_planes: int8``). Written with ``kmin``/``kmax``.
     """
 
     kmin: torch.Tensor | None
@@ -122,6 +126,9 @@ class PageMeta(NamedTuple):
     codes: torch.Tensor | None
     scale: torch.Tensor | None
     zero: torch.Tensor | None
+    kmin8: torch.Tensor | None = None
+    kmax8: torch.Tensor | None = None
+    mscale: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,11 @@ class MetaPlanes:
     other, each 16-byte aligned, in this order::
 
         kmin  [Hkv, D] cache dtype | kmax [Hkv, D] cache dtype          (minmax)
+        kmin8 [Hkv, D] int8 | kmax8 [Hkv, D] int8 | mscale [Hkv] fp32    (minmax_int8)
         codes [Hkv, N, D/2] uint8 | scale [Hkv, N] fp16 | zero [Hkv, N] fp16   (int4)
+
+    The INT8 codes of the min/max cost no extra slot where ``Hkv * 6 * D`` bytes (bf16) fit the
+    slot of ``N * 4 * D``: 8 KV heads at pages of 16 or more.
     """
 
     num_kv_heads: int
@@ -141,6 +152,7 @@ class MetaPlanes:
     dtype: torch.dtype
     minmax: bool
     int4: bool
+    minmax_int8: bool = False
 
     @classmethod
     def for_method(
@@ -152,7 +164,9 @@ class MetaPlanes:
             return None
         if "int4" in planes and head_size % 2:
             raise ValueError(f"INT4 key shadows need an even head size, got {head_size}")
-        return cls(num_kv_heads, page_size, head_size, dtype, "minmax" in planes, "int4" in planes)
+        return cls(
+            num_kv_heads, page_size, head_size, dtype, "minmax" in planes, "int4" in planes, "minmax_int8" in planes
+        )
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
         """Plane name -> (byte offset, byte size) inside a block's metadata region."""
@@ -160,6 +174,8 @@ class MetaPlanes:
         sizes = []
         if self.minmax:
             sizes += [("kmin", h * d * es), ("kmax", h * d * es)]
+        if self.minmax_int8:
+            sizes += [("kmin8", h * d), ("kmax8", h * d), ("mscale", h * 4)]
         if self.int4:
             sizes += [("codes", h * n * d // 2), ("scale", h * n * 2), ("zero", h * n * 2)]
         out, off = {}, 0
@@ -207,4 +223,7 @@ class MetaPlanes:
             codes=plane("codes", torch.uint8, h, n, d // 2),
             scale=plane("scale", torch.float16, h, n),
             zero=plane("zero", torch.float16, h, n),
+            kmin8=plane("kmin8", torch.int8, h, d),
+            kmax8=plane("kmax8", torch.int8, h, d),
+            mscale=plane("mscale", torch.float32, h),
         )

@@ -13,7 +13,7 @@ every layer of ``sparse_quest`` and ``sparse_twilight`` check, each step:
 
 The recompute uses the writers' torch twins (``metadata.page_minmax.page_minmax``,
 ``metadata.int4_shadow.quantize_int4``) on the keys as stored; every plane must match bit for bit
-(Quest's min/max, Twilight's INT4 codes, scale and zero of each filled slot). A mismatch is
+(Quest's min/max and their INT8 codes, Twilight's INT4 codes, scale and zero of each filled slot). A mismatch is
 counted and logged (``page metadata mismatch``, the layer, the blocks); the counts go to the
 page counters (``stats``: ``meta_checked_pages``, ``meta_mismatched_pages``, written where
 ``SPARSE_ATTENTION_STATS`` points). Nothing raises, so a soak sees every mismatch of a run.
@@ -33,6 +33,7 @@ import torch
 from vllm_sparse import stats
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.metadata.int4_shadow import quantize_int4
+from vllm_sparse.metadata.minmax_int8 import encode_minmax_int8
 from vllm_sparse.metadata.page_minmax import page_minmax
 
 ENV = "SPARSE_ATTENTION_CHECK_META"
@@ -64,6 +65,10 @@ def page_mismatches(
         kmin, kmax = page_minmax(keys, fills)
         bad |= (meta.kmin[blocks] != kmin.to(meta.kmin.dtype)).flatten(1).any(1)
         bad |= (meta.kmax[blocks] != kmax.to(meta.kmax.dtype)).flatten(1).any(1)
+        if meta.kmin8 is not None:  # the INT8 codes of the planes as they should be stored
+            lo, hi, scale = encode_minmax_int8(kmin.to(meta.kmin.dtype), kmax.to(meta.kmax.dtype))
+            bad |= (meta.kmin8[blocks] != lo).flatten(1).any(1) | (meta.kmax8[blocks] != hi).flatten(1).any(1)
+            bad |= (meta.mscale[blocks] != scale).any(1)
     if meta.codes is not None:
         codes, scale, zero = quantize_int4(keys)  # [U, Hkv, N, D/2], [U, Hkv, N]
         slot_bad = (meta.codes[blocks] != codes).any(-1) | (meta.scale[blocks] != scale) | (meta.zero[blocks] != zero)

@@ -10,7 +10,7 @@ host (no device-to-host sync, CUDA-graph safe).
 
 Why a decode step may fuse its metadata: each request writes one slot into its own last page, so
 no two programs of a launch touch the same page. The program then also stores the INT4 shadow of
-its key (Twilight) and the page's channel-wise min/max (Quest) over the keys already in the page
+its key (Twilight) and the page's channel-wise min/max (Quest, with their INT8 codes) over the keys already in the page
 (offsets ``0 .. offset - 1``, written by earlier steps) and its own key, held in registers: the
 generic rule's summary (``metadata.page_minmax``), which re-reads offsets ``0 .. last written``.
 The generic path needs up to five launches (K/V, a scratch fill, the last offset per page,
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_sparse.kernels.page_meta_write import TL_DTYPES, write_int4_row
+from vllm_sparse.kernels.page_meta_write import TL_DTYPES, int8_args, write_int4_row, write_minmax_int8_row
 from vllm_sparse.layout import PageLayout, PageMeta
 
 
@@ -52,12 +52,20 @@ def _write_kernel(
     stride_qn,
     stride_sb,
     stride_sh,
+    lo8_ptr,
+    hi8_ptr,
+    mscale_ptr,
+    stride_8b,
+    stride_8h,
+    stride_ms_b,
+    stride_ms_h,
     PAGE: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MINMAX: tl.constexpr,
     INT4: tl.constexpr,
+    INT8: tl.constexpr,
     CACHE_DTYPE: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -82,8 +90,16 @@ def _write_kernel(
             kmin = tl.minimum(tl.min(tl.where(m, old, float("inf")), axis=0), kf)
             kmax = tl.maximum(tl.max(tl.where(m, old, float("-inf")), axis=0), kf)
             dst = block * stride_mb + h * stride_mh + d
-            tl.store(kmin_ptr + dst, kmin.to(kmin_ptr.dtype.element_ty), mask=dm)
-            tl.store(kmax_ptr + dst, kmax.to(kmax_ptr.dtype.element_ty), mask=dm)
+            kmin = kmin.to(kmin_ptr.dtype.element_ty)
+            kmax = kmax.to(kmax_ptr.dtype.element_ty)
+            tl.store(kmin_ptr + dst, kmin, mask=dm)
+            tl.store(kmax_ptr + dst, kmax, mask=dm)
+            if INT8:
+                o8 = block * stride_8b + h * stride_8h
+                write_minmax_int8_row(
+                    kmin, kmax, dm, lo8_ptr + o8, hi8_ptr + o8, mscale_ptr + block * stride_ms_b + h * stride_ms_h,
+                    BLOCK_D,
+                )  # fmt: skip
         if INT4:
             so = block * stride_sb + h * stride_sh + offset
             write_int4_row(
@@ -111,7 +127,8 @@ def write_decode_step_triton(
         layout: the cache's page layout; order ``interleaved`` (the GPU order) only.
         kv_cache: ``[num_blocks, num_head_slots, N, 2D]``, written in place; each (block, head
             slot) region contiguous.
-        meta: views of the cache's metadata planes (``kmin``/``kmax`` ``[num_blocks, Hkv, D]``;
+        meta: views of the cache's metadata planes (``kmin``/``kmax`` ``[num_blocks, Hkv, D]`` and
+            their INT8 codes ``kmin8``/``kmax8``/``mscale``;
             ``codes`` ``uint8 [num_blocks, Hkv, N, D/2]``, ``scale``/``zero`` ``float16
             [num_blocks, Hkv, N]``), each written where present; None: K/V only.
         key, value: ``[T, Hkv, D]``, last dim contiguous; rows past ``len(slot_mapping)`` are padding.
@@ -128,6 +145,7 @@ def write_decode_step_triton(
     assert kv_cache.stride(3) == 1 and kv_cache.stride(2) == 2 * d
     minmax = meta is not None and meta.kmin is not None
     int4 = meta is not None and meta.codes is not None
+    int8 = minmax and meta.kmin8 is not None
     if minmax:
         assert meta.kmin.stride() == meta.kmax.stride() and meta.kmin.stride(-1) == 1
     if int4:
@@ -144,8 +162,9 @@ def write_decode_step_triton(
         kmin.stride(0) if minmax else 0, kmin.stride(1) if minmax else 0,
         codes.stride(0) if int4 else 0, codes.stride(1) if int4 else 0, codes.stride(2) if int4 else 0,
         scale.stride(0) if int4 else 0, scale.stride(1) if int4 else 0,
+        *(int8_args(meta) if int8 else (kv_cache, kv_cache, kv_cache, 0, 0, 0, 0)),
         PAGE=n, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=triton.next_power_of_2(n),
-        MINMAX=minmax, INT4=int4, CACHE_DTYPE=TL_DTYPES[kv_cache.dtype],
+        MINMAX=minmax, INT4=int4, INT8=int8, CACHE_DTYPE=TL_DTYPES[kv_cache.dtype],
     )  # fmt: skip
 
 

@@ -7,7 +7,8 @@ Quest min/max, two launches over the step's slots (one program per (token, KV he
    the last offset written to each touched page;
 2. the program whose offset is its page's last one summarises the page from the cache's keys at
    offsets ``0 .. last`` (the same rule as the twin: a write at offset 0 resets the page, a partial
-   rewrite summarises exactly what the page now holds); other programs do nothing. Two programs
+   rewrite summarises exactly what the page now holds), and codes the stored planes in INT8
+   (``write_minmax_int8_row``) where the layout keeps the codes; other programs do nothing. Two programs
    may share a last offset only when a slot is written twice; they store the same values.
 
 INT4 shadows, one launch: each (token, KV head) program quantizes its key exactly like
@@ -32,6 +33,28 @@ def _last_offset_kernel(slot_ptr, last_ptr, PAGE: tl.constexpr):
 
 
 @triton.jit
+def write_minmax_int8_row(kmin, kmax, dm, lo_dst, hi_dst, scale_dst, BLOCK_D: tl.constexpr):
+    """Store the INT8 codes of one (page, KV head)'s planes ``kmin, kmax [BLOCK_D]`` (the values as
+    stored, any float dtype; lanes outside ``dm`` ignored) at ``lo_dst``/``hi_dst`` and their scale
+    at ``scale_dst``, exactly like ``metadata.minmax_int8.encode_minmax_int8`` (the same float64
+    arithmetic: scale ``absmax / 127`` rounded to float32, one step up if short, codes floored
+    and ceiled)."""
+    lo = kmin.to(tl.float64)
+    hi = kmax.to(tl.float64)
+    absmax = tl.maximum(tl.max(tl.where(dm, tl.abs(lo), 0.0)), tl.max(tl.where(dm, tl.abs(hi), 0.0)))
+    scale = tl.where(absmax > 0, absmax / 127.0, 1.0).to(tl.float32)
+    short = scale.to(tl.float64) * 127.0 < absmax  # (a float32 scale rounded down: one step up)
+    scale = tl.where(short, (scale.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), scale)
+    s = scale.to(tl.float64)
+    lo_c = tl.minimum(tl.maximum(tl.floor(lo / s), -127.0), 127.0)
+    hi_c = tl.minimum(tl.maximum(tl.ceil(hi / s), -127.0), 127.0)
+    d = tl.arange(0, BLOCK_D)
+    tl.store(lo_dst + d, lo_c.to(tl.int8), mask=dm)
+    tl.store(hi_dst + d, hi_c.to(tl.int8), mask=dm)
+    tl.store(scale_dst, scale)
+
+
+@triton.jit
 def _page_minmax_kernel(
     slot_ptr,
     last_ptr,
@@ -44,10 +67,18 @@ def _page_minmax_kernel(
     stride_kd,
     stride_mb,
     stride_mh,
+    lo8_ptr,
+    hi8_ptr,
+    mscale_ptr,
+    stride_8b,
+    stride_8h,
+    stride_sb,
+    stride_sh,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    INT8: tl.constexpr,
 ):
     t = tl.program_id(0)
     h = tl.program_id(1)
@@ -65,8 +96,21 @@ def _page_minmax_kernel(
             kmin = tl.min(tl.where(m, k, float("inf")), axis=0)
             kmax = tl.max(tl.where(m, k, float("-inf")), axis=0)
             dst = block * stride_mb + h * stride_mh + d
-            tl.store(kmin_ptr + dst, kmin.to(kmin_ptr.dtype.element_ty), mask=d < D)
-            tl.store(kmax_ptr + dst, kmax.to(kmax_ptr.dtype.element_ty), mask=d < D)
+            kmin = kmin.to(kmin_ptr.dtype.element_ty)
+            kmax = kmax.to(kmax_ptr.dtype.element_ty)
+            tl.store(kmin_ptr + dst, kmin, mask=d < D)
+            tl.store(kmax_ptr + dst, kmax, mask=d < D)
+            if INT8:
+                o8 = block * stride_8b + h * stride_8h
+                write_minmax_int8_row(
+                    kmin,
+                    kmax,
+                    d < D,
+                    lo8_ptr + o8,
+                    hi8_ptr + o8,
+                    mscale_ptr + block * stride_sb + h * stride_sh,
+                    BLOCK_D,
+                )
 
 
 def write_page_minmax_triton(
@@ -83,22 +127,20 @@ def write_page_minmax_triton(
     last = torch.full((kv_cache.shape[0],), -1, dtype=torch.int32, device=kv_cache.device)
     _last_offset_kernel[(t,)](slots, last, PAGE=n)
     _page_minmax_kernel[(t, layout.num_kv_heads)](
-        slots,
-        last,
-        keys,
-        meta.kmin,
-        meta.kmax,
-        keys.stride(0),
-        keys.stride(1),
-        keys.stride(2),
-        keys.stride(3),
-        meta.kmin.stride(0),
-        meta.kmin.stride(1),
-        PAGE=n,
-        BLOCK_N=triton.next_power_of_2(n),
-        D=d,
-        BLOCK_D=triton.next_power_of_2(d),
-    )
+        slots, last, keys, meta.kmin, meta.kmax, *keys.stride(), meta.kmin.stride(0), meta.kmin.stride(1),
+        *int8_args(meta), PAGE=n, BLOCK_N=triton.next_power_of_2(n), D=d, BLOCK_D=triton.next_power_of_2(d),
+        INT8=meta.kmin8 is not None,
+    )  # fmt: skip
+
+
+def int8_args(meta: PageMeta) -> tuple:
+    """``(lo8, hi8, mscale, stride_8b, stride_8h, stride_sb, stride_sh)`` of the planes' INT8 codes
+    (``write_minmax_int8_row``'s destinations; the min plane and zero strides where none are kept)."""
+    if meta.kmin8 is None:
+        return (meta.kmin, meta.kmin, meta.kmin, 0, 0, 0, 0)  # (pointers never written)
+    lo, hi, s = meta.kmin8, meta.kmax8, meta.mscale
+    assert lo.stride() == hi.stride() and lo.stride(-1) == 1
+    return (lo, hi, s, lo.stride(0), lo.stride(1), s.stride(0), s.stride(1))
 
 
 @triton.jit

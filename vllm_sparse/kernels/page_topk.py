@@ -14,7 +14,10 @@ in ascending page order, as many pages equal to it as ``k`` needs: 5 passes wher
 over the keys takes 34. The search stops early once the pages sharing the digits fixed so far are
 exactly the ones still needed (their count equals the rank sought): every one of them is taken and
 the last pass compares keys by those digits only, which selects the same pages (with continuous
-scores it usually stops after the third digit: on an H100 10-17% faster, session 26). Rows asked
+scores it usually stops after the third digit: on an H100 10-17% faster, session 26). A row of
+at most one tile of pages loads its keys once and takes every histogram and the write from
+registers (``_select_in_registers``; on an H100 at 16 x 16K, pages of 32: the top-k 9.6 -> 8.6 us,
+Quest's one-launch selection 24.8 -> 23.2 us, session 28). Rows asked
 for every selectable page skip the search. Rows are long and few at long contexts (8 rows of 8192 pages for one Llama-3.1-8B request at 128K), so the warps
 per program grow with the row width fixed at engine start where the batch has few rows
 (``select_num_warps``).
@@ -101,6 +104,38 @@ def _write_selected(row_ptr, out, lo, hi, t, shift, n_above, n_equal, first_eq, 
 
 
 @triton.jit
+def _select_in_registers(row_ptr, out, lo, hi, k, BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """The search and the write of ``_select_pages_kernel`` for a row of at most ``BLOCK`` pages
+    ``[lo, hi)``: its scores are loaded once, and each digit's histogram and the write read the
+    keys from registers (the same pages as the tiled passes)."""
+    p = lo + tl.arange(0, BLOCK)
+    m = p < hi
+    u = _key(tl.load(row_ptr + p, mask=m, other=0.0)) ^ SIGN  # unsigned keys (the order of the scores)
+    b = tl.arange(0, 1 << BITS)
+    prefix = tl.zeros([], tl.int32)
+    live = hi - lo
+    rank = k
+    shift = tl.full([], 32 - BITS, tl.int32)
+    for i in tl.static_range(32 // BITS):
+        if rank < live:  # (as in the tiled search: stop once every live page is taken)
+            mm = m
+            if i > 0:  # (pages whose higher digits are the k-th key's)
+                mm = mm & (((u ^ prefix) >> (32 - BITS * i)) == 0)
+            hist = tl.histogram(tl.where(mm, (u >> (32 - BITS * (i + 1))) & ((1 << BITS) - 1), 0), 1 << BITS)
+            hist -= tl.where(b == 0, BLOCK - live, 0)  # the lanes left out went to bin 0
+            digit, rank, live = _fix_digit(hist, live, rank, BITS)
+            prefix = prefix | (digit << (32 - BITS * (i + 1)))
+            shift = tl.full([], 32 - BITS * (i + 1), tl.int32)
+    ts = (prefix ^ SIGN) >> shift  # the k-th largest key's digits; the first `rank` pages sharing them are taken
+    key = (u ^ SIGN) >> shift
+    gt = (key > ts) & m
+    eq = (key == ts) & m
+    tl.store(out + tl.cumsum(gt.to(tl.int32), 0) - 1, p, mask=gt)
+    pos_eq = k - rank + tl.cumsum(eq.to(tl.int32), 0) - 1
+    tl.store(out + pos_eq, p, mask=eq & (pos_eq < k))
+
+
+@triton.jit
 def _digit_counts(row_ptr, lo, hi, prefix, live, SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK: tl.constexpr):
     """``int32 [2**BITS]``: how many of pages ``[lo, hi)`` have each value of the digit at bit
     ``SHIFT`` of their unsigned key (``_key ^ SIGN``), among the ``live`` pages whose digits above
@@ -170,22 +205,25 @@ def _select_pages_kernel(
                                  stride_qh, stride_bt, stride_mb, stride_mh, scale_ptr, stride_sb, stride_sh, 0, G,
                                  BLOCK_G, D, BLOCK_D, BLOCK_P, True, LOW_PRECISION, SCALED)  # fmt: skip
                 tl.debug_barrier()
-            # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
-            # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest);
-            # the search stops once every live page is taken (`rank == live`)
-            prefix = tl.zeros([], tl.int32)
-            live = hi - lo
-            rank = k
-            shift = tl.full([], 32 - BITS, tl.int32)
-            for i in tl.static_range(32 // BITS):
-                if rank < live:
-                    hist = _digit_counts(row_ptr, lo, hi, prefix, live, 32 - BITS * (i + 1), BITS, BLOCK)
-                    digit, rank, live = _fix_digit(hist, live, rank, BITS)
-                    prefix = prefix | (digit << (32 - BITS * (i + 1)))
-                    shift = tl.full([], 32 - BITS * (i + 1), tl.int32)
-            t = prefix ^ SIGN  # the k-th largest key's digits; `rank` pages sharing them are taken
-            zero = tl.zeros([], tl.int32)
-            _write_selected(row_ptr, out, lo, hi, t, shift, zero, zero, k - rank, k, BLOCK)
+            if hi - lo <= BLOCK:  # one tile: the row's keys are loaded once and stay in registers
+                _select_in_registers(row_ptr, out, lo, hi, k, BITS, BLOCK)
+            else:
+                # the k-th largest unsigned key, digit by digit: `prefix` holds the digits fixed so far,
+                # `live` the pages sharing them, `rank` the k-th key's rank among those (1 = largest);
+                # the search stops once every live page is taken (`rank == live`)
+                prefix = tl.zeros([], tl.int32)
+                live = hi - lo
+                rank = k
+                shift = tl.full([], 32 - BITS, tl.int32)
+                for i in tl.static_range(32 // BITS):
+                    if rank < live:
+                        hist = _digit_counts(row_ptr, lo, hi, prefix, live, 32 - BITS * (i + 1), BITS, BLOCK)
+                        digit, rank, live = _fix_digit(hist, live, rank, BITS)
+                        prefix = prefix | (digit << (32 - BITS * (i + 1)))
+                        shift = tl.full([], 32 - BITS * (i + 1), tl.int32)
+                t = prefix ^ SIGN  # the k-th largest key's digits; `rank` pages sharing them are taken
+                zero = tl.zeros([], tl.int32)
+                _write_selected(row_ptr, out, lo, hi, t, shift, zero, zero, k - rank, k, BLOCK)
 
 
 @triton.jit

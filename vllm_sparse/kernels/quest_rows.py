@@ -75,9 +75,10 @@ class QuestRows:
             ``int8`` codes with ``scale``.
         block_table: ``int32 [B, max_blocks]``.
         scale: ``[num_blocks, Hkv]`` float, with ``int8`` planes: the page's min/max are at least
-            as wide as ``scale * codes`` (``metadata.minmax_int8``; a format the engine's layout
-            does not store yet. Its speed: ``benchmarks/bench_quest_select_gpu.py``; its cost in
-            recall: ``benchmarks/minmax_precision_cpu.py``; both measured in session 28).
+            as wide as ``scale * codes`` (``metadata.minmax_int8``; the layout's ``PageMeta.kmin8/kmax8/
+            mscale``, read under ``quest.decode_planes: int8``. Its speed:
+            ``benchmarks/bench_quest_select_gpu.py``, sessions 28-29; its cost in recall:
+            ``benchmarks/minmax_precision_cpu.py``, session 28).
     """
 
     query: torch.Tensor

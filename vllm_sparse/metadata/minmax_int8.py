@@ -1,13 +1,16 @@
-"""INT8 codes of the page key min/max planes, rounded outward (a format under study, not yet stored
-by the engine's layout): per (page, KV head) one scale ``s = max(|kmin|, |kmax|) / 127`` over the
-head's channels, ``kmin ~ floor(kmin / s) * s`` and ``kmax ~ ceil(kmax / s) * s``, so the decoded
-planes still bound every key of the page and Quest's bounds stay upper bounds. Half the bytes of
-bf16 planes (plus 4 per scale), which is what a decode step's Quest selection reads.
+"""INT8 codes of the page key min/max planes, rounded outward: per (page, KV head) one scale
+``s = max(|kmin|, |kmax|) / 127`` over the head's channels, ``kmin ~ floor(kmin / s) * s`` and
+``kmax ~ ceil(kmax / s) * s``, so the decoded planes still bound every key of the page and Quest's
+bounds stay upper bounds. Half the bytes of bf16 planes (plus 4 per scale), which is what a decode
+step's Quest selection reads under ``quest.decode_planes: int8``.
 
-The Triton bounds read the codes in place (``kernels.quest_rows.QuestRows.scale``); their torch twin
-is ``selectors.quest.page_upper_bounds`` over ``decode_minmax_int8``'s planes. On Qwen2.5-Coder-0.5B
-at 8K, Quest's decode pages from these planes cover 0.0003 less dense attention mass than from bf16
-planes (``benchmarks/minmax_precision_cpu.py``, session 28).
+The layout stores them beside the planes they code (``layout.PageMeta.kmin8/kmax8/mscale``), encoded
+from the stored planes by every min/max write (``metadata.page_minmax``, whose Triton kernels do the
+same arithmetic in float64). The Triton bounds read the codes in place
+(``kernels.quest_rows.QuestRows.scale``); their torch twin is ``selectors.quest.page_upper_bounds``
+over ``decode_minmax_int8``'s planes. On Qwen2.5-Coder-0.5B at 8K, Quest's decode pages from these
+planes cover 0.0003 less dense attention mass than from bf16 planes
+(``benchmarks/minmax_precision_cpu.py``, session 28).
 """
 
 from __future__ import annotations

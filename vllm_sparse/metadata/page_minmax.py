@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from vllm_sparse.layout import PageLayout, PageMeta
+from vllm_sparse.metadata.minmax_int8 import encode_minmax_int8
 
 
 def page_minmax(keys: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +43,7 @@ def write_page_minmax(layout: PageLayout, kv_cache: torch.Tensor, meta: PageMeta
         layout: the cache's page layout.
         kv_cache: ``[num_blocks, num_head_slots, N, 2D]`` with this step's keys already written.
         meta: views of the cache's planes; ``meta.kmin``/``meta.kmax`` ``[num_blocks, Hkv, D]``
-            are written in place.
+            are written in place, and their INT8 codes (``kmin8``/``kmax8``/``mscale``) where kept.
         slot_mapping: ``int [T]`` slots ``block * N + offset`` written this step; negative = padding.
     """
     if kv_cache.is_cuda:
@@ -59,5 +60,11 @@ def write_page_minmax(layout: PageLayout, kv_cache: torch.Tensor, meta: PageMeta
     last = torch.zeros_like(touched).scatter_reduce_(0, inverse, offsets, "amax", include_self=False)
     keys = layout.keys(kv_cache)[touched]  # [U, Hkv, N, D] (a gathered copy)
     kmin, kmax = page_minmax(keys, last + 1)
-    meta.kmin[touched] = kmin.to(meta.kmin.dtype)
-    meta.kmax[touched] = kmax.to(meta.kmax.dtype)
+    kmin, kmax = kmin.to(meta.kmin.dtype), kmax.to(meta.kmax.dtype)
+    meta.kmin[touched] = kmin
+    meta.kmax[touched] = kmax
+    if meta.kmin8 is not None:  # the INT8 codes of the planes as stored
+        lo, hi, scale = encode_minmax_int8(kmin, kmax)
+        meta.kmin8[touched] = lo
+        meta.kmax8[touched] = hi
+        meta.mscale[touched] = scale

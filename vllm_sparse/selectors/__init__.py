@@ -47,7 +47,10 @@ def _quest(config: SparseConfig, scale: float | None, window: int | None) -> Que
     exact = None
     if config.quest_prefill_scores() == "exact":
         exact = QuokaSelector(config.quoka.num_queries, query_window=config.chunk_query_window or None)
-    return QuestSelector(config.quest.gqa_reduce, scale, query_window=window, prefill=exact)
+    return QuestSelector(
+        config.quest.gqa_reduce, scale, query_window=window, prefill=exact,
+        decode_int8=config.quest.decode_planes == "int8",
+    )  # fmt: skip
 
 
 __all__ = [

@@ -74,13 +74,14 @@ def page_upper_bounds(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -
 
 
 def page_upper_bounds_rows(
-    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor
+    q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Quest bounds of one query per slot (request) over the slot's pages, every KV head a row.
 
     Args:
         q: ``[S, Hq, D]`` one query per slot (a decode token).
-        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes.
+        kmin, kmax: ``[num_blocks, Hkv, D]`` the metadata planes, or their ``int8`` codes with
+        scale: ``float32 [num_blocks, Hkv]`` (``layout.PageMeta.mscale``; None: planes).
         blocks: ``int64 [S, P]`` physical block of each page of each slot.
     Returns:
         ``[S * Hkv, G, P]`` float32, row ``slot * Hkv + kv_head``: row by row what
@@ -94,8 +95,12 @@ def page_upper_bounds_rows(
     for a in range(0, s, step):
         b = min(a + step, s)
         qg = q[a:b].float().view(b - a, hkv, g, d)
-        lo = kmin[blocks[a:b]].float().transpose(1, 2)  # [s', Hkv, P, D]
-        hi = kmax[blocks[a:b]].float().transpose(1, 2)
+        lo = kmin[blocks[a:b]].float()  # [s', P, Hkv, D]
+        hi = kmax[blocks[a:b]].float()
+        if scale is not None:
+            s_ = scale[blocks[a:b]][..., None]
+            lo, hi = lo * s_, hi * s_
+        lo, hi = lo.transpose(1, 2), hi.transpose(1, 2)  # [s', Hkv, P, D]
         u = qg.clamp(min=0) @ hi.transpose(-1, -2) + qg.clamp(max=0) @ lo.transpose(-1, -2)  # [s', Hkv, G, P]
         out[a * hkv : b * hkv] = u.view(-1, g, p)
     return out
@@ -127,9 +132,13 @@ def _bounds(q: torch.Tensor, meta: PageMeta, blocks: torch.Tensor) -> torch.Tens
     return page_upper_bounds(q, meta.kmin[blocks].transpose(0, 1), meta.kmax[blocks].transpose(0, 1))
 
 
-def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: DecodeBatch) -> torch.Tensor:
+def _decode_bounds(query: torch.Tensor, meta: PageMeta, batch: DecodeBatch, int8: bool = False) -> torch.Tensor:
     """``[nd * Hkv, G, P_max]`` bounds of every decode row of the step (one launch on CUDA, one
-    native call on CPU); entries of padding pages are unspecified (the batch excludes them)."""
+    native call on CPU; from the INT8 codes of the planes with ``int8``, by the torch twin: the
+    device decode path, ``select_decode``, reads them in its kernels); entries of padding pages are
+    unspecified (the batch excludes them)."""
+    if int8:
+        return page_upper_bounds_rows(query[batch.tokens], meta.kmin8, meta.kmax8, batch.blocks, meta.mscale)
     if _triton_ok(query, meta):
         from vllm_sparse.kernels.quest_score import page_upper_bounds_rows_triton
 
@@ -206,12 +215,15 @@ class QuestSelector:
         batch_decode: bool = True,
         query_window: int | None = None,
         prefill: QuokaSelector | None = None,
+        decode_int8: bool = False,
     ):
         """``scale``: softmax scale for ``sum`` (default ``1/sqrt(D)``); ``batch_decode``: score the
         step's decode requests together (``False``: one request at a time, the reference);
         ``query_window``: prefill chunks take the max over their last ``query_window`` queries
         only (None: over every query of the chunk); ``prefill``: the selector that picks the pages
-        of prefill chunks instead of the bounds (``quest.prefill_scores: exact``; None: bounds)."""
+        of prefill chunks instead of the bounds (``quest.prefill_scores: exact``; None: bounds);
+        ``decode_int8``: decode steps read the INT8 codes of the planes (``quest.decode_planes: int8``)."""
+        self.decode_int8 = decode_int8
         self.prefill = prefill
         self.query_window = query_window
         self.gqa_reduce = gqa_reduce
@@ -241,7 +253,7 @@ class QuestSelector:
         scale = self.scale or query.shape[-1] ** -0.5
         batch = state.decode if self.batch_decode else None
         if batch is not None:
-            scores = _decode_bounds(query, meta, batch)  # [nd * Hkv, G, P_max]
+            scores = _decode_bounds(query, meta, batch, self.decode_int8)  # [nd * Hkv, G, P_max]
             top = reduce_and_pick(scores, batch.excluded, batch.max_select, self.gqa_reduce, scale)
             sel.indices[:, : batch.max_select].index_copy_(0, batch.rows, top)  # (no index_put: no sync)
             sel.counts.index_copy_(0, batch.rows, batch.counts)
@@ -253,7 +265,12 @@ class QuestSelector:
             else:
                 blocks = block_table[r, : req.num_past_pages].long()
                 q = chunk_queries(query, req, self.query_window)
-                scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
+                if self.decode_int8 and req.query_len == 1:  # a decode step reads the INT8 codes
+                    s_ = meta.mscale[blocks][..., None]
+                    lo, hi = meta.kmin8[blocks] * s_, meta.kmax8[blocks] * s_  # [P, Hkv, D] float32
+                    scores = page_upper_bounds(q, lo.transpose(0, 1), hi.transpose(0, 1))
+                else:
+                    scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
                 top = reduce_and_pick(scores, state.forced_past[r], req.num_select, self.gqa_reduce, scale)
             rows = slice(r * hkv, (r + 1) * hkv)
             sel.indices[rows, : req.num_select] = top
@@ -279,6 +296,7 @@ class QuestSelector:
 
         if meta is None or meta.kmin is None:
             raise ValueError("sparse_quest needs the key min/max planes (PageMeta.kmin/kmax)")
+        kmin, kmax, mscale = (meta.kmin8, meta.kmax8, meta.mscale) if self.decode_int8 else (meta.kmin, meta.kmax, None)
         hkv, b = layout.num_kv_heads, step.num_reqs
         cols = step.columns[policy]
         q = query[:b]
@@ -288,13 +306,13 @@ class QuestSelector:
             # many rows, one program each: bounds and top-k in one launch, each program scoring the pages it
             # ranks (few long rows split over programs score faster in a launch of their own)
             scores = torch.empty(rows, step.page_cap, dtype=torch.float32, device=q.device)
-            quest = QuestRows(q, meta.kmin, meta.kmax, step.block_table)
+            quest = QuestRows(q, kmin, kmax, step.block_table, mscale)
             return select_top_pages_triton(scores, cols, hkv, cap, counters=counters, quest=quest)
         if self.gqa_reduce == "max":
-            scores = quest_decode_bounds_triton(q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap)
+            scores = quest_decode_bounds_triton(q, kmin, kmax, step.block_table, cols, step.page_cap, scale=mscale)
             return select_top_pages_triton(scores, cols, hkv, cap, counters=counters)
         bounds = quest_decode_bounds_triton(
-            q, meta.kmin, meta.kmax, step.block_table, cols, step.page_cap, reduce_max=False
+            q, kmin, kmax, step.block_table, cols, step.page_cap, reduce_max=False, scale=mscale
         )
         p = torch.arange(step.page_cap, device=q.device)[None, :]
         lo = cols[:, HEAD].repeat_interleave(hkv)[:, None]
