@@ -34,6 +34,7 @@ BAD: dict[str, tuple[object, object]] = {
     "quoka.num_queries": (64.5, 0),
     "quest.gqa_reduce": (["max"], "mean"),
     "quest.prefill_scores": (True, "quoka"),
+    "quest.decode_planes": (8, "fp8"),
     "twilight.top_p": ("0.9", 0.0),
     "twilight.candidates": (None, "kascade"),
     "twilight.candidate_fraction": (True, 1.01),
