@@ -162,7 +162,7 @@ def write_decode_step_triton(
         kmin.stride(0) if minmax else 0, kmin.stride(1) if minmax else 0,
         codes.stride(0) if int4 else 0, codes.stride(1) if int4 else 0, codes.stride(2) if int4 else 0,
         scale.stride(0) if int4 else 0, scale.stride(1) if int4 else 0,
-        *(int8_args(meta) if int8 else (kv_cache, kv_cache, kv_cache, 0, 0, 0, 0)),
+        *int8_args(meta if int8 else None, kv_cache),
         PAGE=n, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=triton.next_power_of_2(n),
         MINMAX=minmax, INT4=int4, INT8=int8, CACHE_DTYPE=TL_DTYPES[kv_cache.dtype],
     )  # fmt: skip

@@ -128,16 +128,16 @@ def write_page_minmax_triton(
     _last_offset_kernel[(t,)](slots, last, PAGE=n)
     _page_minmax_kernel[(t, layout.num_kv_heads)](
         slots, last, keys, meta.kmin, meta.kmax, *keys.stride(), meta.kmin.stride(0), meta.kmin.stride(1),
-        *int8_args(meta), PAGE=n, BLOCK_N=triton.next_power_of_2(n), D=d, BLOCK_D=triton.next_power_of_2(d),
+        *int8_args(meta, meta.kmin), PAGE=n, BLOCK_N=triton.next_power_of_2(n), D=d, BLOCK_D=triton.next_power_of_2(d),
         INT8=meta.kmin8 is not None,
     )  # fmt: skip
 
 
-def int8_args(meta: PageMeta) -> tuple:
+def int8_args(meta: PageMeta | None, unused: torch.Tensor) -> tuple:
     """``(lo8, hi8, mscale, stride_8b, stride_8h, stride_sb, stride_sh)`` of the planes' INT8 codes
-    (``write_minmax_int8_row``'s destinations; the min plane and zero strides where none are kept)."""
-    if meta.kmin8 is None:
-        return (meta.kmin, meta.kmin, meta.kmin, 0, 0, 0, 0)  # (pointers never written)
+    (``write_minmax_int8_row``'s destinations; ``unused`` and zero strides where none are kept)."""
+    if meta is None or meta.kmin8 is None:
+        return (unused, unused, unused, 0, 0, 0, 0)  # (pointers never written)
     lo, hi, s = meta.kmin8, meta.kmax8, meta.mscale
     assert lo.stride() == hi.stride() and lo.stride(-1) == 1
     return (lo, hi, s, lo.stride(0), lo.stride(1), s.stride(0), s.stride(1))

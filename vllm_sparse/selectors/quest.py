@@ -40,6 +40,7 @@ import torch
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.layout import PageLayout, PageMeta
+from vllm_sparse.metadata.minmax_int8 import decode_minmax_int8
 from vllm_sparse.policy import HEAD, TAIL, StepPlan
 from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection
 from vllm_sparse.selectors.decode_batch import DecodeBatch
@@ -95,11 +96,9 @@ def page_upper_bounds_rows(
     for a in range(0, s, step):
         b = min(a + step, s)
         qg = q[a:b].float().view(b - a, hkv, g, d)
-        lo = kmin[blocks[a:b]].float()  # [s', P, Hkv, D]
-        hi = kmax[blocks[a:b]].float()
+        lo, hi = kmin[blocks[a:b]].float(), kmax[blocks[a:b]].float()  # [s', P, Hkv, D]
         if scale is not None:
-            s_ = scale[blocks[a:b]][..., None]
-            lo, hi = lo * s_, hi * s_
+            lo, hi = decode_minmax_int8(lo, scale[blocks[a:b]]), decode_minmax_int8(hi, scale[blocks[a:b]])
         lo, hi = lo.transpose(1, 2), hi.transpose(1, 2)  # [s', Hkv, P, D]
         u = qg.clamp(min=0) @ hi.transpose(-1, -2) + qg.clamp(max=0) @ lo.transpose(-1, -2)  # [s', Hkv, G, P]
         out[a * hkv : b * hkv] = u.view(-1, g, p)
@@ -266,9 +265,9 @@ class QuestSelector:
                 blocks = block_table[r, : req.num_past_pages].long()
                 q = chunk_queries(query, req, self.query_window)
                 if self.decode_int8 and req.query_len == 1:  # a decode step reads the INT8 codes
-                    s_ = meta.mscale[blocks][..., None]
-                    lo, hi = meta.kmin8[blocks] * s_, meta.kmax8[blocks] * s_  # [P, Hkv, D] float32
-                    scores = page_upper_bounds(q, lo.transpose(0, 1), hi.transpose(0, 1))
+                    s_ = meta.mscale[blocks]
+                    lo, hi = decode_minmax_int8(meta.kmin8[blocks], s_), decode_minmax_int8(meta.kmax8[blocks], s_)
+                    scores = page_upper_bounds(q, lo.transpose(0, 1), hi.transpose(0, 1))  # ([P, Hkv, D] planes)
                 else:
                     scores = _bounds(q, meta, blocks)  # [Hkv, G, P]
                 top = reduce_and_pick(scores, state.forced_past[r], req.num_select, self.gqa_reduce, scale)
