@@ -1,4 +1,4 @@
-"""``chunk_query_window`` 0 against 64 for QuoKA and Quest under a shipped config, on CPU, beside dense.
+"""``chunk_query_window`` 0 against 64 for QuoKA, Quest and Kascade under a shipped config, on CPU, beside dense.
 
 Every sparse backend loads the shipped YAML (``--config``, default Qwen2.5-Coder-0.5B-Instruct's) and sets
 only ``chunk_query_window``: 0 (every query of a prefill chunk scores the pages) or 64 (its last 64 queries,
@@ -26,12 +26,12 @@ SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-
 
 
 def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Backend]:
-    """Dense, then QuoKA and Quest at each window, then Twilight and compact at their defaults, then each method at
+    """Dense, then QuoKA, Quest and Kascade at each window, then Twilight and compact at their defaults, then each method at
     its default window with each ``dense_tail_tokens`` of ``tails`` (labels ``quoka_tail64``, ...)."""
     budget = yaml.safe_load(config.read_text()).get("budget", {})
     base = {"config": str(config), "budget": budget}  # budget repeated so the report shows the shipped one
     out = [Backend("CPU_ATTN", "CPU_ATTN")]
-    for method in ("quoka", "quest"):
+    for method in ("quoka", "quest", "kascade"):
         out += [Backend(f"{method}_w{w}", f"sparse_{method}", {**base, "chunk_query_window": w}) for w in windows]
     out.append(Backend("twilight_default", "sparse_twilight", base))
     out.append(Backend("compact_default", "sparse_compact", base))  # no budget: its alpha decides

@@ -1,5 +1,5 @@
 """``chunk_query_window``: prefill chunks score pages with their last W queries only, for every
-selector (QuoKA, Quest, Twilight); decode steps are unaffected."""
+selector (QuoKA, Quest, Twilight, Kascade's anchors); decode steps are unaffected."""
 
 from __future__ import annotations
 
@@ -45,8 +45,22 @@ def step(seed=0):
     return query, layout.page_keys(batch.kv_cache), batch.block_table, layout, plan, meta
 
 
+class AnchorLayer:
+    """Kascade's anchor layer 0 as one selector call: it scores the step (``observe``), then selects from
+    its own anchor mass."""
+
+    def __init__(self, window):
+        cfg = SparseConfig(method="kascade", chunk_query_window=window or 0, kascade={"anchors": [0]})
+        self.selector = make_selector(cfg, D**-0.5).for_layer(0, 2)
+
+    def __call__(self, query, pk, table, layout, plan, meta=None):
+        self.selector.observe(query, pk, table, layout, plan)
+        return self.selector(query, pk, table, layout, plan, meta)
+
+
 def selectors(window):
     return {
+        "kascade": AnchorLayer(window),
         "quoka": QuokaSelector(8, query_window=window),
         "quest": QuestSelector("max", query_window=window),
         # pruned chunks: the window decides both the candidates and the top-p estimate
@@ -65,7 +79,7 @@ def same(a, b) -> bool:
     )
 
 
-@pytest.mark.parametrize("method", ["quoka", "quest", "twilight"])
+@pytest.mark.parametrize("method", ["quoka", "quest", "twilight", "kascade"])
 def test_queries_before_the_window_do_not_matter(method):
     query, pk, table, layout, plan, meta = step()
     window = 5
@@ -81,7 +95,7 @@ def test_queries_before_the_window_do_not_matter(method):
     assert not same(full(changed, pk, table, layout, plan, meta), full(query, pk, table, layout, plan, meta))
 
 
-@pytest.mark.parametrize("method", ["quoka", "quest", "twilight"])
+@pytest.mark.parametrize("method", ["quoka", "quest", "twilight", "kascade"])
 def test_window_covering_every_chunk_is_no_window(method):
     query, pk, table, layout, plan, meta = step(seed=4)
     longest = max(r.query_len for r in plan.requests)
@@ -107,7 +121,7 @@ def test_quest_window_scores_with_the_last_queries():
 
 
 def test_config_passes_the_window_to_every_selector():
-    for method in ("quoka", "quest", "twilight"):
+    for method in ("quoka", "quest", "twilight", "kascade"):
         s = make_selector(SparseConfig(method=method, chunk_query_window=32))
         assert s.query_window == 32
         if method == "twilight":

@@ -57,6 +57,24 @@ def test_anchor_mass_matches_brute_force(c, ctx, tile):
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
 
 
+def test_anchor_window_scores_its_last_queries_over_every_key_before_them():
+    """``chunk_query_window: W``: a chunk's anchor mass is the brute-force mass of its last W queries,
+    which see the chunk's earlier keys too (their tiles start at the window), over the past pages only."""
+    from vllm_sparse.selectors.kascade import score_request
+
+    n, hkv, group, d, ctx, c, w = 16, 2, 3, 16, 75, 40, 9  # the chunk starts inside a page
+    b = make_paged_batch([ctx + c], hkv, n, d, seed=11)
+    layout = PageLayout.of(b.kv_cache, hkv, b.order)
+    plan = plan_step(_config(force_sparse=True).for_layer(1), n, query_start_loc([c]), [ctx + c])
+    q = randn(c, hkv * group, d, g=gen(12))
+    got = score_request(q, layout.page_keys(b.kv_cache), b.block_table, layout, 0, plan.requests[0], d**-0.5, 4, w)
+    want = brute_mass(q[c - w :], b.keys[0], ctx + c - w, n, d**-0.5, 4)[:, : ctx // n]
+    assert got.shape == (hkv, ctx // n)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    full = score_request(q, layout.page_keys(b.kv_cache), b.block_table, layout, 0, plan.requests[0], d**-0.5, 4)
+    assert not torch.allclose(full, got)  # (the window changes the mass: the test can fail)
+
+
 def _config(**kw):
     base = {"method": "kascade", "sink_tokens": 0, "local_tokens": 0, "dense_below_tokens": 0, "dense_layers": [0]}
     return SparseConfig(**{**base, **kw})

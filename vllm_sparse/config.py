@@ -343,7 +343,10 @@ class SparseConfig(_Strict):
     # 0 for the others. QuoKA scores with every query (its paper's rule): it subselects 64 of them
     # anyway, so this costs one pass over the chunk's queries (its TTFT at 128K on an H100: 5.05 s;
     # 5.07 s with 64 in an earlier run), and on the 1.5B at 32K it answers +0.07 [+0.01, +0.13] better
-    # than with 64 (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/).
+    # than with 64 (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/). Kascade's anchors score with every
+    # query by default (the paper's rule, two passes over the past per anchor); with 64 they score a chunk's
+    # last 64 queries, and its TTFT at 128K on an H100 goes from 1.40x to 2.03x FLASH_ATTN's
+    # (benchmarks/results/serve_bench_h100_session30_kascade/; accuracy measured on CPU only so far).
     chunk_query_window: Int | None = Field(None, ge=0)
     # The last ``dense_tail_tokens`` queries of every sparse prefill chunk attend every page (dense); the
     # rest of the chunk runs sparse. The prompt's last chunk ends with the question and the chat template's

@@ -14,6 +14,8 @@ Differences from the paper: pages, not tokens (a page is as heavy as the mass of
 page set per (request, KV head) for a whole prefill chunk (the largest over the chunk's tiles of
 each tile's pooled mass) instead of one per tile; tiles of 32 queries by default (the paper: 128);
 sink and local pages are forced on top; the budget is the config's (the paper: max(128, 10%)).
+An explicit ``chunk_query_window: W`` makes an anchor score a prefill chunk with its last ``W``
+queries only, as Quest and Twilight do by default (the paper, and the default here: every query).
 An anchor scores every request that a later layer may run sparse (past the config's
 ``dense_below_tokens``), whether or not the anchor's own layer runs it sparse.
 """
@@ -27,7 +29,7 @@ from vllm_sparse.decode_step import DecodeStep
 from vllm_sparse.kernels.anchor_mass import TILE, anchor_page_mass
 from vllm_sparse.layout import PageLayout, PageMeta
 from vllm_sparse.policy import RequestPlan, StepPlan
-from vllm_sparse.selectors.base import Selection, empty_selection, past_page_ids
+from vllm_sparse.selectors.base import Selection, chunk_queries, empty_selection, past_page_ids
 
 
 def _use_triton(q: torch.Tensor, page_size: int) -> bool:
@@ -36,18 +38,25 @@ def _use_triton(q: torch.Tensor, page_size: int) -> bool:
 
 def score_request(
     query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
-    r: int, req: RequestPlan, scale: float, tile: int = TILE,
+    r: int, req: RequestPlan, scale: float, tile: int = TILE, window: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """``float32 [Hkv, P_past]`` the anchor mass of request ``r`` of a plan (``query [T, Hq, D]``,
-    ``block_table int [B, max_blocks]``): the Triton kernel on CUDA, else the torch twin."""
-    q = query[req.query_start : req.query_start + req.query_len]
+    ``block_table int [B, max_blocks]``): the Triton kernel on CUDA, else the torch twin.
+
+    ``window``: score with the chunk's last ``window`` queries only (``chunk_query_window``; None:
+    every query, the paper's rule). Those queries still attend every key before them, the chunk's
+    earlier keys included, and their tiles start at the window's first query."""
+    q = chunk_queries(query, req, window)  # [C, Hq, D], the last C queries of the chunk
+    context = req.context_len + req.query_len - q.shape[0]  # position of the first scored query
     pages = -(-(req.context_len + req.query_len - 1) // layout.page_size)
     ids = past_page_ids(block_table, r, pages, layout)  # [Hkv, pages]
     if _use_triton(q, layout.page_size):
         from vllm_sparse.kernels.anchor_mass import anchor_page_mass_triton
 
-        return anchor_page_mass_triton(q, page_keys, ids, req.context_len, scale, tile)
-    return anchor_page_mass(q, page_keys, ids, req.context_len, scale, tile)
+        mass = anchor_page_mass_triton(q, page_keys, ids, context, scale, tile)
+    else:
+        mass = anchor_page_mass(q, page_keys, ids, context, scale, tile)
+    return mass[:, : req.context_len // layout.page_size]  # the chunk's own pages are not past pages
 
 
 class KascadeSelector:
@@ -59,6 +68,7 @@ class KascadeSelector:
         ``kv_heads``: the model's KV heads this worker holds under tensor parallelism (None: all)."""
         self.config = config
         self.options: KascadeOptions = config.kascade
+        self.query_window = config.query_window()  # anchors of prefill chunks score their last W queries
         self.scale = scale
         self.layer = layer
         self.num_layers = num_layers
@@ -109,7 +119,7 @@ class KascadeSelector:
         buf = plan.state.on(block_table, layout).anchor
         scale = self.scale or query.shape[-1] ** -0.5
         buf.mass = [
-            score_request(query, page_keys, block_table, layout, r, req, scale, self.options.tile)
+            score_request(query, page_keys, block_table, layout, r, req, scale, self.options.tile, self.query_window)
             if self._scored(req)
             else None
             for r, req in enumerate(plan.requests)
