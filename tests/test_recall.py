@@ -11,8 +11,8 @@ import torch
 
 from vllm_sparse.config import parse_config
 from vllm_sparse.eval.recall import PageMass, covered, dense_page_mass, needle_coverage, needle_mass, oracle_pages
-from vllm_sparse.eval.recall_run import measure_layer
-from vllm_sparse.eval.recall_select import select
+from vllm_sparse.eval.recall_run import AnchorMasses, measure_layer
+from vllm_sparse.eval.recall_select import anchor_mass, select
 
 N, HQ, HKV, D = 16, 4, 2, 16
 SCALE = D**-0.5
@@ -49,7 +49,7 @@ def test_dense_mass_sums_to_one_per_query_head():
     torch.testing.assert_close(one.past.reshape(HQ, 10), w[:, :160].reshape(HQ, 10, N).sum(-1))
 
 
-@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact"])
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact", "kascade"])
 @pytest.mark.parametrize("queries", [1, 48])
 def test_oracle_bounds_every_selector(method, queries):
     seq = 1000
@@ -61,7 +61,8 @@ def test_oracle_bounds_every_selector(method, queries):
     forced = set(choice.forced_past.tolist())
     for sel in choice.selected:
         assert not forced & set(sel.tolist()) and len(set(sel.tolist())) == sel.numel()
-    if method in ("quest", "quoka") or (method == "twilight" and queries > 1):  # Twilight prunes decode steps only
+    # fixed counts (Twilight prunes decode steps only, compact keeps what its threshold keeps)
+    if method in ("quest", "quoka", "kascade") or (method == "twilight" and queries > 1):
         assert counts == [choice.plan.num_select] * HKV
     mass = dense_page_mass(q, k, choice.plan.num_past_pages, N, SCALE)
     got = covered(mass, choice.forced_past, choice.selected)
@@ -70,7 +71,7 @@ def test_oracle_bounds_every_selector(method, queries):
     assert 0.0 < got.min() and got.max() <= 1.0 + 1e-6
 
 
-@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact"])
+@pytest.mark.parametrize("method", ["quest", "quoka", "twilight", "compact", "kascade"])
 def test_full_budget_covers_everything(method):
     q, k = _qk(800, 16)
     full = {"budget": {"fraction": 1.0, "min_tokens": 0, "max_tokens": None},
@@ -116,6 +117,73 @@ def test_compact_pages_are_the_engine_selectors(seq, queries):
         assert row.tolist() == sorted(choice.selected[h].tolist()), h
         dropped += choice.plan.num_past_pages - choice.forced_past.numel() - row.numel()
     assert dropped > 0
+
+
+@pytest.mark.parametrize("seq,queries,window", [(1200, 100, None), (1210, 100, 24), (1000, 1, None), (1000, 1, 24)])
+def test_kascade_pages_are_the_engine_selectors(seq, queries, window):
+    """The measure's Kascade pages are ``KascadeSelector``'s rows for the same keys (paged in a
+    shuffled cache) and queries: at anchor layer 2 (its own queries and keys), and at reuse layer 3
+    (head map ``[1, 0]``) from the anchor's mass; a chunk (starting inside a page) and a decode step,
+    with and without ``chunk_query_window``."""
+    from helpers import make_paged_batch
+
+    from vllm_sparse.layout import PageLayout
+    from vllm_sparse.policy import plan_step
+    from vllm_sparse.selectors import make_selector
+
+    config = _config("kascade", kascade={"anchors": [0, 2], "head_map": {3: [1, 0]}, "tile": 8},
+                     chunk_query_window=window or 0)  # fmt: skip
+    b = make_paged_batch([seq], HKV, N, D, seed=seq)
+    layout = PageLayout.of(b.kv_cache, HKV, b.order)
+    page_keys = layout.page_keys(b.kv_cache)
+    q = torch.randn(queries, HQ, D, generator=torch.Generator().manual_seed(seq))
+    keys = b.keys[0]  # [S, Hkv, D]
+    policy = dataclasses.replace(config.for_layer(2), sparse_decode=True)  # as the measure plans every step
+    plan = plan_step(policy, N, [0, queries], [seq])
+    base = make_selector(config, SCALE)
+    anchor, reuse = base.for_layer(2, 5), base.for_layer(3, 5)
+    anchor.observe(q, page_keys, b.block_table, layout, plan)
+    reuse.observe(q, page_keys, b.block_table, layout, plan)
+    mass = anchor_mass(config, q, keys, N, SCALE)
+    for layer, sel, given in ((2, anchor, None), (3, reuse, mass)):
+        choice = select(config, layer, q, keys, N, SCALE, given)
+        assert choice.plan.sparse and choice.plan.num_select > 0
+        engine = sel(q, page_keys, b.block_table, layout, plan)
+        for h in range(HKV):
+            row = engine.indices[h, : int(engine.counts[h])]
+            assert sorted(row.tolist()) == sorted(choice.selected[h].tolist()), (layer, h)
+    if window and queries > window:  # (the window changes the pages: the test can fail)
+        whole = select(config.model_copy(update={"chunk_query_window": 0}), 2, q, keys, N, SCALE)
+        assert any(set(a.tolist()) != set(w.tolist()) for a, w in zip(choice.selected, whole.selected, strict=True))
+
+
+def test_kascade_reuse_layer_reads_its_anchor_through_the_head_map():
+    """A reuse layer's pages come from its anchor's queries and keys, not its own: random queries and
+    keys of layers 3 and 4 leave them unchanged, layer 3's swapped head map swaps the KV heads' rows;
+    ``AnchorMasses`` computes each anchor's mass once, from the anchor layer's inputs."""
+    config = _config("kascade", kascade={"anchors": [0, 2], "head_map": {3: [1, 0]}})
+    inputs = {layer: {"prefill": _qk(1000, 48, seed=layer), "decode": _qk(1000, 1, seed=10 + layer)}
+              for layer in range(5)}  # fmt: skip
+    calls = []
+    anchors = AnchorMasses(lambda layer: calls.append(layer) or inputs[layer], 5, N, SCALE)
+    assert [anchors.anchor_layer(config, layer) for layer in range(5)] == [0, 0, 2, 2, 2]
+    for step in ("prefill", "decode"):
+        own = select(config, 2, *inputs[2][step], N, SCALE)  # anchor layer 2: its own queries and keys
+        assert anchors(config, 4, step) is anchors(config, 3, step) is anchors(config, 2, step)
+        identity = select(config, 4, *inputs[4][step], N, SCALE, anchors(config, 4, step))
+        swapped = select(config, 3, *inputs[3][step], N, SCALE, anchors(config, 3, step))
+        for h in range(HKV):
+            assert identity.selected[h].tolist() == own.selected[h].tolist()
+            assert swapped.selected[h].tolist() == own.selected[1 - h].tolist()
+        alone = select(config, 4, *inputs[4][step], N, SCALE)  # layer 4 as if an anchor: other pages
+        assert any(set(a.tolist()) != set(o.tolist()) for a, o in zip(alone.selected, own.selected, strict=True))
+    assert calls == [2, 2]  # one read of layer 2's inputs per step, none of layers 3 and 4
+    configs = {(0.25, "kascade"): config}
+    steps = {"decode": (*inputs[3]["decode"], {"decode": dense_page_mass(*inputs[3]["decode"], 1000 // N, N, SCALE)})}
+    with pytest.raises(ValueError, match="anchor"):
+        measure_layer(configs, 3, steps, torch.tensor([5]), N, SCALE)
+    (rec,) = measure_layer(configs, 3, steps, torch.tensor([5]), N, SCALE, anchors)
+    assert rec["selected_pages"] == [swapped.plan.num_select] * HKV and rec["oracle"] >= rec["recall"] - 1e-6
 
 
 def test_needle_coverage():

@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 
+from vllm_sparse.config import METHODS
 from vllm_sparse.eval.tasks import TASKS
 
 
@@ -39,10 +40,13 @@ def add_recall_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=d.samples, help="prompts per task and context")
     p.add_argument("--depths", nargs="+", type=float, default=list(d.depths))
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--methods", nargs="+", default=list(d.methods))
+    p.add_argument("--methods", nargs="+", default=list(d.methods), choices=METHODS, metavar="METHOD",
+                   help=f"selectors to measure, of {', '.join(METHODS)} (kascade: the anchor layers and head "
+                   "maps of the config's kascade field, e.g. calibrated ones or {anchors: evenly_spaced})")  # fmt: skip
     p.add_argument("--variant", action="append", type=_variant, default=[], metavar="NAME=METHOD:JSON",
                    help="a further method with extra sparse_attention fields, e.g. "
-                   "'quoka_w64=quoka:{\"chunk_query_window\": 64}' (repeatable)")  # fmt: skip
+                   "'quoka_w64=quoka:{\"chunk_query_window\": 64}' or "
+                   "'kascade_w64=kascade:{\"chunk_query_window\": 64}' (repeatable)")  # fmt: skip
     p.add_argument("--budgets", nargs="+", type=float, default=list(d.budgets))
     p.add_argument("--page-size", type=int, default=d.page_size)
     p.add_argument("--chunk-size", type=int, default=d.chunk_size, help="prefill chunk (max_num_batched_tokens)")

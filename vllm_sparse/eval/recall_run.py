@@ -12,13 +12,18 @@ the oracle's at the same page counts, in three phases:
 
 One record per (prompt, phase, budget, method, layer); ``engine_dense`` marks the records whose
 layer and step the engine runs dense (dense layers, QuoKA's dense decode), measured anyway.
+
+Kascade's pages in a layer come from its anchor layer's queries and keys, not the layer's own: the
+anchor mass of each (anchor layer, step) is computed once per prompt from that layer's captures
+(``AnchorMasses``) and passed to ``select`` by every layer up to the next anchor, at every budget.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +32,8 @@ from vllm_sparse.eval.tasks import Sample
 
 if TYPE_CHECKING:
     import torch
+
+    from vllm_sparse.config import SparseConfig
 
 PHASES = ("prefill", "prefill_last", "decode")
 
@@ -110,18 +117,50 @@ def _needle_fields(mass, needle, forced, selected, oracle) -> dict[str, Any]:
     }  # fmt: skip
 
 
+class AnchorMasses:
+    """Kascade's anchor masses of one prompt (``recall_select.anchor_mass``), each computed once per
+    (anchor layer, step, tile, query window) from the anchor layer's captured queries and keys and
+    read by every layer up to the next anchor, at every budget."""
+
+    def __init__(self, inputs: Callable[[int], dict[str, tuple]], num_layers: int, page_size: int, scale: float):
+        """``inputs(layer)``: that layer's ``{step: (queries [C, Hq, D], keys [S, Hkv, D])}``."""
+        self.inputs, self.num_layers, self.page_size, self.scale = inputs, num_layers, page_size, scale
+        self.masses: dict[tuple, torch.Tensor] = {}
+
+    def anchor_layer(self, config: SparseConfig, layer: int) -> int:
+        """The anchor layer whose pages ``layer`` keeps (``KascadeSelector``'s rule)."""
+        from vllm_sparse.selectors.kascade import KascadeSelector
+
+        return KascadeSelector(config, layer=layer, num_layers=self.num_layers).anchor
+
+    def __call__(self, config: SparseConfig, layer: int, step: str) -> torch.Tensor:
+        """``float32 [Hkv, P]`` the mass ``layer``'s anchor layer gives the past pages of ``step``."""
+        from vllm_sparse.eval.recall_select import anchor_mass
+
+        anchor = self.anchor_layer(config, layer)
+        key = (anchor, step, config.kascade.tile, config.query_window())
+        if key not in self.masses:
+            q, k = self.inputs(anchor)[step]
+            self.masses[key] = anchor_mass(config, q, k, self.page_size, self.scale)
+        return self.masses[key]
+
+
 def measure_layer(configs: dict, layer: int, steps: dict[str, tuple], needle: torch.Tensor, page_size: int,
-                  scale: float) -> list[dict[str, Any]]:  # fmt: skip
+                  scale: float, anchors: AnchorMasses | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Records of one layer: ``steps`` maps a selection step (``prefill``, ``decode``) to
-    ``(queries [C, Hq, D], keys [S, Hkv, D], {phase: PageMass})``."""
+    ``(queries [C, Hq, D], keys [S, Hkv, D], {phase: PageMass})``; ``anchors``: the prompt's anchor
+    masses, needed by Kascade's configs."""
     from vllm_sparse.eval.recall import covered, oracle_pages, selectable_share
     from vllm_sparse.eval.recall_select import select
 
     out = []
     for (budget, name), config in configs.items():
         policy = config.for_layer(layer)
+        if config.method == "kascade" and anchors is None:
+            raise ValueError(f"recall {name}: kascade needs the anchor layers' masses (anchors=AnchorMasses(...))")
         for step, (q, keys, masses) in steps.items():
-            choice = select(config, layer, q, keys, page_size, scale)
+            anchor = anchors(config, layer, step) if config.method == "kascade" else None
+            choice = select(config, layer, q, keys, page_size, scale, anchor)
             plan = choice.plan  # (not sparse: the budget covers the context, every past page is forced)
             counts = [int(s.numel()) for s in choice.selected]
             engine_dense = policy.dense or (step == "decode" and not policy.sparse_decode) or not plan.sparse
@@ -142,6 +181,23 @@ def measure_layer(configs: dict, layer: int, steps: dict[str, tuple], needle: to
     return out
 
 
+def step_inputs(cap, layer: int, t: int, start: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``layer``'s captured ``{step: (queries, keys)}`` of a ``t``-token prompt whose last prefill
+    chunk starts at ``start``: ``prefill``, the chunk's ``[t - start, Hq, D]`` and keys ``[t, Hkv, D]``;
+    ``decode``, the decode token's ``[1, Hq, D]`` and keys ``[t + 1, Hkv, D]``."""
+    q, k = cap.queries[layer], cap.keys[layer]
+    return {"prefill": (q[: t - start], k[:t]), "decode": (q[t - start :], k[: t + 1])}
+
+
+def check_configs(configs: dict, num_layers: int, num_kv_heads: int | None) -> None:
+    """Raise ``ValueError`` with the reasons a Kascade config does not fit the model (its anchor
+    layers and head maps; the engine's start-up check)."""
+    reasons = [f"recall {name}@{budget:g}: {r}" for (budget, name), config in configs.items()
+               if config.method == "kascade" for r in config.model_reasons(num_layers, num_kv_heads)]  # fmt: skip
+    if reasons:
+        raise ValueError("\n".join(reasons))
+
+
 def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallConfig) -> tuple[dict, list]:
     """Capture one prompt and measure every layer; returns (prompt info, records)."""
     import torch
@@ -160,10 +216,11 @@ def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallC
     n = cfg.page_size
     needle = needle_pages(tokenizer, sample, n)
     records = []
+    inputs = functools.partial(step_inputs, cap, t=t, start=start)  # layer -> {step: (queries, keys)}
+    anchors = AnchorMasses(inputs, len(cap.keys), n, cap.scale)
     for layer in tqdm(range(len(cap.keys)), desc="layers", disable=not cfg.progress, leave=False):
-        q, k = cap.queries[layer], cap.keys[layer]
-        chunk_q, chunk_k = q[: t - start], k[:t]
-        dec_q, dec_k = q[t - start :], k[: t + 1]
+        layer_inputs = inputs(layer)
+        (chunk_q, chunk_k), (dec_q, dec_k) = layer_inputs["prefill"], layer_inputs["decode"]
         steps = {
             "prefill": (chunk_q, chunk_k, {
                 "prefill": dense_page_mass(chunk_q, chunk_k, start // n, n, cap.scale),
@@ -171,7 +228,7 @@ def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallC
             }),
             "decode": (dec_q, dec_k, {"decode": dense_page_mass(dec_q, dec_k, t // n, n, cap.scale)}),
         }  # fmt: skip
-        records += measure_layer(configs, layer, steps, needle, n, cap.scale)
+        records += measure_layer(configs, layer, steps, needle, n, cap.scale, anchors)
     info = {
         "task": sample.task, "context": sample.context, "index": sample.index, "depth": sample.depth,
         "prompt_tokens": t, "prompt_hash": sample.prompt_hash, "expected": list(sample.expected),
@@ -200,6 +257,7 @@ def run_recall(cfg: RecallConfig) -> dict[str, Any]:
     base = yaml.safe_load(yaml_path.read_text()) if yaml_path else {}
     configs = method_configs(cfg, base)
     model, tokenizer = load_model(path, getattr(torch, cfg.dtype))
+    check_configs(configs, model.config.num_hidden_layers, getattr(model.config, "num_key_value_heads", None))
     samples = [s for ctx in cfg.contexts for task in cfg.tasks
                for s in make_samples(tokenizer, task, ctx, cfg.samples, cfg.depths, cfg.seed)]  # fmt: skip
     prompts, records = [], []

@@ -16,7 +16,12 @@ queries each selector scores with (``selectors.base.chunk_queries``: the chunk, 
   keeps every candidate unless ``twilight.prune_prefill``);
 * ``compact``: the block means of the complete past blocks, ``compact.tile_block_keep`` and
   ``compact.union_counts`` (``compact.past_page_keep``, ``CompactSelector``'s path): every past page of a kept block, the pages of
-  the incomplete last blocks always (``select_all``: no budget, alpha decides how many).
+  the incomplete last blocks always (``select_all``: no budget, alpha decides how many);
+* ``kascade``: the anchor mass of the layer's anchor layer (``anchor_mass``: ``selectors.kascade.score_request``'s
+  torch path, ``kernels.anchor_mass.anchor_page_mass`` with the config's tile over the queries of
+  ``kascade.anchor_queries``), computed from the ANCHOR layer's queries and keys (the caller passes it
+  to ``select`` for a reuse layer), then per KV head ``h`` the top ``num_select`` non-forced pages of
+  the anchor's KV head ``head_map[h]`` (``KascadeSelector``'s torch path).
 
 The cache holds the keys of one request contiguously (logical page ``p`` = positions
 ``[p * N, (p + 1) * N)``), so no block table is needed. A decode step is a chunk of one query.
@@ -30,10 +35,12 @@ from dataclasses import dataclass
 import torch
 
 from vllm_sparse.config import SparseConfig
+from vllm_sparse.kernels.anchor_mass import anchor_page_mass
 from vllm_sparse.metadata.int4_shadow import dequantize_int4, quantize_int4
 from vllm_sparse.policy import RequestPlan, plan_request
 from vllm_sparse.selectors.base import chunk_queries
 from vllm_sparse.selectors.compact import past_page_keep
+from vllm_sparse.selectors.kascade import anchor_queries
 from vllm_sparse.selectors.quest import page_upper_bounds, reduce_and_pick
 from vllm_sparse.selectors.quoka import group_query, score_pages, subselect_queries
 from vllm_sparse.selectors.twilight import estimate_page_mass, top_p_keep
@@ -100,8 +107,42 @@ def twilight_keep(config: SparseConfig, q: torch.Tensor, paged: torch.Tensor, fo
     return [cand[h][keep[h]] for h in range(hkv)]
 
 
+def paged_cache(keys: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``keys [S, Hkv, D]`` as a paged cache over ``P = ceil(S / N)`` pages (the last one
+    zero-padded): ``(page_keys [Hkv * P, N, D], page_ids int64 [Hkv, P])``, KV head ``h``'s page
+    ``p`` at id ``h * P + p``."""
+    s, hkv, d = keys.shape
+    p = -(-s // page_size)
+    padded = torch.cat([keys, keys.new_zeros(p * page_size - s, hkv, d)])
+    page_keys = page_views(padded, p, page_size).reshape(hkv * p, page_size, d)
+    return page_keys, torch.arange(hkv * p, device=keys.device).view(hkv, p)
+
+
+def anchor_mass(config: SparseConfig, queries: torch.Tensor, keys: torch.Tensor, page_size: int,
+                scale: float) -> torch.Tensor:  # fmt: skip
+    """``float32 [Hkv, P]`` Kascade's anchor mass of one step over its ``P = (S - C) // N`` past
+    pages, from an anchor layer's ``queries [C, Hq, D]`` and ``keys [S, Hkv, D]``: the torch path of
+    ``selectors.kascade.score_request`` (``kascade.tile``; the chunk's queries, or its last
+    ``config.query_window()`` of them)."""
+    c, s = queries.shape[0], keys.shape[0]
+    req = request_plan(config, 0, c, s, page_size)  # (only its query and context lengths are read)
+    q, context = anchor_queries(queries, req, config.query_window())
+    page_keys, page_ids = paged_cache(keys, page_size)
+    mass = anchor_page_mass(q, page_keys, page_ids, context, scale, config.kascade.tile)
+    return mass[:, : req.num_past_pages]  # the chunk's own pages are not past pages
+
+
+def kascade_pick(config: SparseConfig, layer: int, mass: torch.Tensor, forced: torch.Tensor, k: int) -> torch.Tensor:
+    """Kascade's ``int64 [Hkv, k]`` pages of ``layer``: per KV head ``h`` the top ``k`` non-forced
+    pages of the anchor mass ``mass [Hkv, P]`` of the anchor's KV head ``head_map[h]``."""
+    heads = config.kascade.local_head_map(layer, None)
+    if heads is not None:  # reuse KV head h reads anchor head heads[h]
+        mass = mass.index_select(0, torch.tensor(heads, dtype=torch.int64, device=mass.device))
+    return torch.topk(mass.index_fill(1, forced, float("-inf")), k, dim=1).indices
+
+
 def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.Tensor, page_size: int,
-           scale: float) -> PageChoice:  # fmt: skip
+           scale: float, anchor: torch.Tensor | None = None) -> PageChoice:  # fmt: skip
     """The pages ``config.method`` attends for one step of one request.
 
     Args:
@@ -109,6 +150,9 @@ def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.
         keys: ``[S, Hkv, D]`` every key up to and including the step's.
         page_size: ``N``.
         scale: the softmax scale.
+        anchor: Kascade: ``float32 [Hkv, P]`` the step's anchor mass of ``layer``'s anchor layer
+            (``anchor_mass`` of that layer's queries and keys); None: ``layer`` is an anchor, its
+            own ``queries`` and ``keys`` give it. Other methods ignore it.
     """
     c, s = queries.shape[0], keys.shape[0]
     plan = request_plan(config, layer, c, s, page_size)
@@ -120,6 +164,9 @@ def select(config: SparseConfig, layer: int, queries: torch.Tensor, keys: torch.
     k = plan.num_select
     method = config.method
     base = config.twilight.candidates if method == "twilight" else method
+    if method == "kascade":
+        mass = anchor_mass(config, queries, keys, page_size, scale) if anchor is None else anchor
+        return PageChoice(plan, forced, list(kascade_pick(config, layer, mass, forced, k)))
     if method == "compact":
         return PageChoice(plan, forced, compact_keep(config, plan, q, keys, forced, page_size, scale))
     if base == "quest" and c > 1 and config.quest_prefill_scores() == "exact":  # a chunk: QuoKA's scores

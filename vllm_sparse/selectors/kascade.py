@@ -36,6 +36,15 @@ def _use_triton(q: torch.Tensor, page_size: int) -> bool:
     return q.is_cuda and page_size & (page_size - 1) == 0
 
 
+def anchor_queries(query: torch.Tensor, req: RequestPlan, window: int | None) -> tuple[torch.Tensor, int]:
+    """The queries an anchor scores request ``req`` with (``query [T, Hq, D]``) and the position of
+    the first: ``(q [C, Hq, D], context)``, the chunk's queries or only its last ``window`` of them
+    (None: every query), and ``context`` the tokens before ``q[0]`` (the chunk's earlier keys
+    included, which the windowed queries still attend)."""
+    q = chunk_queries(query, req, window)  # [C, Hq, D], the last C queries of the chunk
+    return q, req.context_len + req.query_len - q.shape[0]
+
+
 def score_request(
     query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
     r: int, req: RequestPlan, scale: float, tile: int = TILE, window: int | None = None,
@@ -46,8 +55,7 @@ def score_request(
     ``window``: score with the chunk's last ``window`` queries only (``chunk_query_window``; None:
     every query, the paper's rule). Those queries still attend every key before them, the chunk's
     earlier keys included, and their tiles start at the window's first query."""
-    q = chunk_queries(query, req, window)  # [C, Hq, D], the last C queries of the chunk
-    context = req.context_len + req.query_len - q.shape[0]  # position of the first scored query
+    q, context = anchor_queries(query, req, window)
     pages = -(-(req.context_len + req.query_len - 1) // layout.page_size)
     ids = past_page_ids(block_table, r, pages, layout)  # [Hkv, pages]
     if _use_triton(q, layout.page_size):
