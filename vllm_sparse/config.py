@@ -346,7 +346,8 @@ class SparseConfig(_Strict):
     # than with 64 (benchmarks/results/eval_qwen1.5b_gpu_h100/window32k/). Kascade's anchors score with every
     # query by default (the paper's rule, two passes over the past per anchor); with 64 they score a chunk's
     # last 64 queries, and its TTFT at 128K on an H100 goes from 1.40x to 2.03x FLASH_ATTN's
-    # (benchmarks/results/serve_bench_h100_session30_kascade/; accuracy measured on CPU only so far).
+    # (benchmarks/results/serve_bench_h100_session30_kascade/), but on the 0.5B at 8K it answers -0.07
+    # [-0.12, -0.02] worse (benchmarks/results/eval_qwen0.5b_cpu_kascade_window/), so 0 stays its default.
     chunk_query_window: Int | None = Field(None, ge=0)
     # The last ``dense_tail_tokens`` queries of every sparse prefill chunk attend every page (dense); the
     # rest of the chunk runs sparse. The prompt's last chunk ends with the question and the chat template's
