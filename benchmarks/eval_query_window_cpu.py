@@ -1,4 +1,5 @@
-"""``chunk_query_window`` 0 against 64 for QuoKA, Quest and Kascade under a shipped config, on CPU, beside dense.
+"""``chunk_query_window`` 0 against 64 for QuoKA, Quest and Kascade under a shipped config, on CPU, beside dense
+(and Kascade's ``kascade.tile_stride`` variants with ``--strides``).
 
 Every sparse backend loads the shipped YAML (``--config``, default Qwen2.5-Coder-0.5B-Instruct's) and sets
 only ``chunk_query_window``: 0 (every query of a prefill chunk scores the pages) or 64 (its last 64 queries,
@@ -25,9 +26,11 @@ from vllm_sparse.eval.runner import Backend, EvalConfig, run_eval
 SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-0.5b-instruct.yaml"
 
 
-def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Backend]:
+def backends(config: Path, windows: list[int], tails: list[int] = (), strides: list[int] = ()) -> list[Backend]:
     """Dense, then QuoKA, Quest and Kascade at each window, then Twilight and compact at their defaults, then each method at
-    its default window with each ``dense_tail_tokens`` of ``tails`` (labels ``quoka_tail64``, ...)."""
+    its default window with each ``dense_tail_tokens`` of ``tails`` (labels ``quoka_tail64``, ...), then Kascade at
+    each ``kascade.tile_stride`` of ``strides`` (labels ``kascade_s8``, ...: its anchors score a prefill chunk's
+    last tile and every S-th before it)."""
     budget = yaml.safe_load(config.read_text()).get("budget", {})
     base = {"config": str(config), "budget": budget}  # budget repeated so the report shows the shipped one
     out = [Backend("CPU_ATTN", "CPU_ATTN")]
@@ -37,6 +40,7 @@ def backends(config: Path, windows: list[int], tails: list[int] = ()) -> list[Ba
     out.append(Backend("compact_default", "sparse_compact", base))  # no budget: its alpha decides
     for method in ("quoka", "quest", "twilight"):
         out += [Backend(f"{method}_tail{t}", f"sparse_{method}", {**base, "dense_tail_tokens": t}) for t in tails]
+    out += [Backend(f"kascade_s{s}", "sparse_kascade", {**base, "kascade": {"tile_stride": s}}) for s in strides]
     return out
 
 
@@ -57,12 +61,13 @@ if __name__ == "__main__":
     p.add_argument("--depths", nargs="+", type=float, default=[0.1, 0.3, 0.5, 0.7, 0.9])
     p.add_argument("--windows", nargs="+", type=int, default=[0, 64])
     p.add_argument("--tails", nargs="+", type=int, default=[], help="dense_tail_tokens variants (METHOD_tailN)")
+    p.add_argument("--strides", nargs="+", type=int, default=[], help="kascade.tile_stride variants (kascade_sN)")
     p.add_argument(
         "--only", nargs="+", default=None,
         help="backend labels to run, in this order (without CPU_ATTN: sparse ones alone, no dense)",
     )  # fmt: skip
     args = p.parse_args()
-    chosen = backends(args.config, args.windows, args.tails)
+    chosen = backends(args.config, args.windows, args.tails, args.strides)
     if args.only:
         by_label = {b.label: b for b in chosen}
         chosen = [by_label[label] for label in args.only]  # in the order given

@@ -43,6 +43,7 @@ BAD: dict[str, tuple[object, object]] = {
     "kascade.num_anchors": ("five", 0),
     "kascade.head_map": ([0, 1], {"2": [True, 1]}),
     "kascade.tile": (None, 0),
+    "kascade.tile_stride": ("16", 0),
     "compact.block_threshold": ("low", -0.5),
     "compact.block_pages": ("8", 0),
     "compact.tile": (12.5, 0),

@@ -57,3 +57,25 @@ def test_anchor_mass_programs_walking_several_key_blocks_match_twin(steps):
     tol = 2e-2 if HAS_CUDA else 1e-5
     assert got.shape == want.shape == (hkv, ctx // n)
     torch.testing.assert_close(got, want, atol=tol * want.max().item(), rtol=tol)
+
+
+@in_process
+@pytest.mark.parametrize("c,tile,stride", [(150, 16, 4), (70, 32, 2), (40, 16, 7)])  # tiles 2 6; 0 2; 2
+def test_anchor_mass_tile_stride_matches_twin(c, tile, stride):
+    """The scored tiles of a stride (the last, then every ``stride``-th before it; partial last tiles
+    and strides past the chunk included) give the twin's mass."""
+    g = gen(c + stride)
+    hkv, group, n, d, ctx = 2, 2, 16, 32, 90  # the chunk starts inside a page
+    pages = -(-(ctx + c) // n)
+    page_keys = randn((pages + 2) * hkv, n, d, g=g)
+    page_ids = torch.randperm(pages + 2, generator=g)[:pages][None, :] * hkv + torch.arange(hkv)[:, None]
+    q = randn(c, hkv * group, d, g=g)
+    want = anchor_page_mass(q, page_keys, page_ids, ctx, d**-0.5, tile, stride)
+    got = anchor_page_mass_triton(q.to(DEVICE), page_keys.to(DEVICE), page_ids.to(DEVICE), ctx, d**-0.5, tile,
+                                  stride).cpu()  # fmt: skip
+    tol = 2e-2 if HAS_CUDA else 1e-5
+    assert got.shape == want.shape == (hkv, ctx // n)
+    torch.testing.assert_close(got, want, atol=tol * want.max().item(), rtol=tol)
+    if stride < 3:  # (tile 0 scored or not: see test_selector_kascade's stride test)
+        return
+    assert not torch.allclose(want, anchor_page_mass(q, page_keys, page_ids, ctx, d**-0.5, tile))

@@ -25,14 +25,15 @@ from vllm_sparse.selectors import make_selector
 from vllm_sparse.tables import build_page_tables
 
 
-def brute_mass(q, k, ctx, n, scale, tile):
-    """Independent oracle: per query and head, float64 softmax over keys before its tile's start."""
+def brute_mass(q, k, ctx, n, scale, tile, starts=None):
+    """Independent oracle: per query and head, float64 softmax over keys before its tile's start;
+    ``starts``: the first query of each tile scored (None: every tile)."""
     c, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
     past = ctx // n
     out = torch.zeros(hkv, past, dtype=torch.float64)
-    for t0 in range(0, c, tile):
+    for t0 in range(0, c, tile) if starts is None else starts:
         acc = torch.zeros(hkv, past, dtype=torch.float64)
         rows = 0
         for i in range(t0, min(t0 + tile, c)):
@@ -73,6 +74,59 @@ def test_anchor_window_scores_its_last_queries_over_every_key_before_them():
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
     full = score_request(q, layout.page_keys(b.kv_cache), b.block_table, layout, 0, plan.requests[0], d**-0.5, 4)
     assert not torch.allclose(full, got)  # (the window changes the mass: the test can fail)
+
+
+@pytest.mark.parametrize(
+    "c,tile,stride,want_tiles",
+    [
+        (45, 4, 3, [2, 5, 8, 11]),  # 12 tiles, the last one partial
+        (40, 8, 3, [1, 4]),
+        (40, 8, 9, [4]),  # a stride past the chunk: its last tile only
+    ],
+)
+def test_anchor_tile_stride_scores_the_last_tile_and_every_strideth_before_it(c, tile, stride, want_tiles):
+    """``kascade.tile_stride``: the mass is the brute-force mass over exactly the chunk's last tile and
+    every ``stride``-th tile before it, each over every key before its first query. (Tile 0 is left
+    out in every case: with random keys the earliest tile, which sees the fewest keys, weighs the
+    past pages most and would decide the max alone.)"""
+    from vllm_sparse.kernels.anchor_mass import scored_tiles
+    from vllm_sparse.selectors.kascade import score_request
+
+    starts = [t * tile for t in want_tiles]
+    assert scored_tiles(c, tile, stride) == want_tiles
+    n, hkv, group, d, ctx = 16, 2, 3, 16, 75  # the chunk starts inside a page
+    b = make_paged_batch([ctx + c], hkv, n, d, seed=c + stride)
+    layout = PageLayout.of(b.kv_cache, hkv, b.order)
+    plan = plan_step(_config(force_sparse=True).for_layer(1), n, query_start_loc([c]), [ctx + c])
+    q = randn(c, hkv * group, d, g=gen(stride))
+    pk = layout.page_keys(b.kv_cache)
+    got = score_request(q, pk, b.block_table, layout, 0, plan.requests[0], d**-0.5, tile, None, stride)
+    want = brute_mass(q, b.keys[0], ctx, n, d**-0.5, tile, starts)
+    assert got.shape == (hkv, ctx // n)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    every = score_request(q, pk, b.block_table, layout, 0, plan.requests[0], d**-0.5, tile)
+    assert not torch.allclose(every, got)  # (the stride changes the mass: the test can fail)
+    assert (every >= got - 1e-6).all()  # a max over fewer tiles
+
+
+def test_selector_scores_anchors_with_the_config_tile_stride():
+    """The anchor buffer holds the mass at the config's ``kascade.tile_stride``."""
+    from vllm_sparse.selectors.kascade import score_request
+
+    n, hkv, group, d, ctx, c = 16, 2, 2, 16, 96, 40
+    cfg = _config(force_sparse=True, kascade={"anchors": [0, 2], "tile": 4, "tile_stride": 3})
+    b = make_paged_batch([ctx + c], hkv, n, d, seed=21)
+    layout = PageLayout.of(b.kv_cache, hkv, b.order)
+    plan = plan_step(cfg.for_layer(2), n, query_start_loc([c]), [ctx + c])
+    q = randn(c, hkv * group, d, g=gen(22))
+    pk = layout.page_keys(b.kv_cache)
+    make_selector(cfg, d**-0.5).for_layer(2, 4).observe(q, pk, b.block_table, layout, plan)
+    req = plan.requests[0]
+    strided = score_request(q, pk, b.block_table, layout, 0, req, d**-0.5, 4, None, 3)
+    torch.testing.assert_close(plan.state.anchor.mass[0], strided)
+    assert not torch.allclose(
+        plan.state.anchor.mass[0], score_request(q, pk, b.block_table, layout, 0, req, d**-0.5, 4)
+    )
 
 
 def _config(**kw):

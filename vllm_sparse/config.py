@@ -157,6 +157,11 @@ class KascadeOptions(_Strict):
     num_anchors: Int = Field(5, ge=1, description="anchors of evenly_spaced")
     head_map: dict[Annotated[int, Field(ge=0)], list[Index]] = Field(default_factory=dict)
     tile: Int = Field(32, ge=1, description="prefill queries pooled into one distribution (paper: 128 incl. GQA)")
+    tile_stride: Int = Field(
+        1, ge=1,
+        description="anchors score a prefill chunk's last tile and every tile_stride-th before it (1: every tile, "
+        "the paper's rule)",
+    )  # fmt: skip
 
     def anchor_layers(self, num_layers: int) -> list[int]:
         """The anchor layers for a model of ``num_layers`` layers (``[]`` if not calibrated)."""

@@ -138,7 +138,7 @@ class AnchorMasses:
         from vllm_sparse.eval.recall_select import anchor_mass
 
         anchor = self.anchor_layer(config, layer)
-        key = (anchor, step, config.kascade.tile, config.query_window())
+        key = (anchor, step, config.kascade.tile, config.kascade.tile_stride, config.query_window())
         if key not in self.masses:
             q, k = self.inputs(anchor)[step]
             self.masses[key] = anchor_mass(config, q, k, self.page_size, self.scale)

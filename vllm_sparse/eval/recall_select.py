@@ -128,7 +128,7 @@ def anchor_mass(config: SparseConfig, queries: torch.Tensor, keys: torch.Tensor,
     req = request_plan(config, 0, c, s, page_size)  # (only its query and context lengths are read)
     q, context = anchor_queries(queries, req, config.query_window())
     page_keys, page_ids = paged_cache(keys, page_size)
-    mass = anchor_page_mass(q, page_keys, page_ids, context, scale, config.kascade.tile)
+    mass = anchor_page_mass(q, page_keys, page_ids, context, scale, config.kascade.tile, config.kascade.tile_stride)
     return mass[:, : req.num_past_pages]  # the chunk's own pages are not past pages
 
 

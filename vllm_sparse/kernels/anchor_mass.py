@@ -27,6 +27,13 @@ TILE = 32  # the default prefill tile (queries that share one pooled distributio
 MASS_STEPS = 16  # key blocks per pass-2 program (its tile's queries loaded once for all of them)
 
 
+def scored_tiles(num_queries: int, tile: int, stride: int = 1) -> list[int]:
+    """The tiles an anchor scores among a chunk's ``ceil(num_queries / tile)``, ascending: the last
+    one and every ``stride``-th before it (``stride`` 1: all of them)."""
+    tiles = -(-num_queries // tile)
+    return sorted(range(tiles - 1, -1, -stride))
+
+
 def anchor_page_mass(
     q: torch.Tensor,
     page_keys: torch.Tensor,
@@ -34,8 +41,9 @@ def anchor_page_mass(
     context_len: int,
     scale: float,
     tile: int = TILE,
+    stride: int = 1,
 ) -> torch.Tensor:
-    """Pooled post-softmax mass of each past page, max over the chunk's tiles (torch twin).
+    """Pooled post-softmax mass of each past page, max over the chunk's scored tiles (torch twin).
 
     Args:
         q: ``[C, Hq, D]`` queries at positions ``context_len .. context_len + C - 1``.
@@ -45,8 +53,9 @@ def anchor_page_mass(
         context_len: tokens before the first query.
         scale: softmax scale.
         tile: queries per tile.
+        stride: score the last tile and every ``stride``-th before it (``scored_tiles``).
     Returns:
-        ``float32 [Hkv, context_len // N]``: per KV head and past page, the largest over tiles of
+        ``float32 [Hkv, context_len // N]``: per KV head and past page, the largest over scored tiles of
         the mean over (query, query head) rows of the tile of the page's softmax weight.
     """
     c, hq, d = q.shape
@@ -60,7 +69,8 @@ def anchor_page_mass(
     last = context_len + c - 1  # the last key position any tile sees is below this
     pages = -(-last // n)
     keys = page_keys[page_ids[:, :pages]].reshape(hkv, pages * n, d).float()  # [Hkv, S, D] by position
-    for t0 in range(0, c, tile):
+    for t in scored_tiles(c, tile, stride):
+        t0 = t * tile
         qt = q[t0 : t0 + tile].float()
         m = qt.shape[0] * g
         qg = qt.view(-1, hkv, g, d).permute(1, 0, 2, 3).reshape(hkv, m, d)  # [Hkv, tile * G, D]
@@ -78,6 +88,7 @@ def anchor_page_mass_triton(
     context_len: int,
     scale: float,
     tile: int = TILE,
+    stride: int = 1,
     steps: int = MASS_STEPS,
     num_warps: int = 4,
 ) -> torch.Tensor:
@@ -99,7 +110,9 @@ def anchor_page_mass_triton(
     past = context_len // n
     if past == 0:
         return torch.zeros(hkv, 0, dtype=torch.float32, device=q.device)
-    tiles = -(-c // tile)  # a chunk shorter than a tile is one tile with fewer valid rows (TILE stays fixed)
+    # a chunk shorter than a tile is one tile with fewer valid rows (TILE stays fixed); programs
+    # take the scored tiles from the last one back (``scored_tiles``)
+    tiles = len(scored_tiles(c, tile, stride))
     block_m = max(16, triton.next_power_of_2(tile * g))
     block_d = max(16, triton.next_power_of_2(d))
     block_p = max(1, 64 // n)  # pages per key block (64 keys)
@@ -109,13 +122,13 @@ def anchor_page_mass_triton(
     common = dict(G=g, D=d, N=n, TILE=tile, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_P=block_p, LOW_PRECISION=low,
                   num_warps=num_warps)  # fmt: skip
     anchor_lse_kernel[(tiles, hkv)](
-        q, page_keys, page_ids, lse, c, context_len, scale,
+        q, page_keys, page_ids, lse, c, context_len, scale, stride,
         q.stride(0), q.stride(1), page_keys.stride(0), page_keys.stride(1), page_keys.stride(2),
         page_ids.stride(0), **common,
     )  # fmt: skip
     mass = torch.empty(tiles, hkv, past, dtype=torch.float32, device=q.device)
     anchor_mass_kernel[(tiles, hkv, triton.cdiv(past, block_p * steps))](
-        q, page_keys, page_ids, lse, mass, c, past, scale,
+        q, page_keys, page_ids, lse, mass, c, past, scale, stride,
         q.stride(0), q.stride(1), page_keys.stride(0), page_keys.stride(1), page_keys.stride(2),
         page_ids.stride(0), STEPS=steps, **common,
     )  # fmt: skip

@@ -5,12 +5,19 @@ row ``r`` = query ``r // G`` of the tile, head ``kv * G + r % G``. Keys are read
 ``BLOCK_P`` pages (``BLOCK_P * N`` keys) through the request's page ids. ``LOW_PRECISION``: the
 products take the cache's 16-bit inputs (CUDA), else float32 inputs (the interpreter). Lengths and
 the page-id row stride vary with the data and are not specialised on (``vllm_sparse.warmup``).
+Program ``i`` of the first grid axis takes tile ``tiles - 1 - i * tile_stride`` (``anchor_mass.scored_tiles``).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _scored_tile(num_queries, tile_stride, TILE: tl.constexpr):
+    """The tile of this program: the chunk's last tile, ``tile_stride`` tiles earlier per program."""
+    return tl.cdiv(num_queries, TILE) - 1 - tl.program_id(0) * tile_stride
 
 
 @triton.jit
@@ -40,16 +47,16 @@ def _key_block(k_ptr, ids_ptr, kv, p0, num_pages, stride_kp, stride_kn, stride_k
     return tl.load(ptr, mask=pm[None, :] & (d[:, None] < D), other=0.0), j
 
 
-@triton.jit(do_not_specialize=["num_queries", "context_len", "stride_ids"])
+@triton.jit(do_not_specialize=["num_queries", "context_len", "tile_stride", "stride_ids"])
 def anchor_lse_kernel(
-    q_ptr, k_ptr, ids_ptr, lse_ptr, num_queries, context_len, scale,
+    q_ptr, k_ptr, ids_ptr, lse_ptr, num_queries, context_len, scale, tile_stride,
     stride_qc, stride_qh, stride_kp, stride_kn, stride_kd, stride_ids,
     G: tl.constexpr, D: tl.constexpr, N: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, LOW_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Pass 1, grid ``(tiles, Hkv)``: ``lse [tiles, Hkv, BLOCK_M]`` of every row over the keys
-    below its tile's first position (online max and sum)."""
-    t = tl.program_id(0)
+    """Pass 1, grid ``(scored tiles, Hkv)``: ``lse [scored tiles, Hkv, BLOCK_M]`` of every row over
+    the keys below its tile's first position (online max and sum)."""
+    t = _scored_tile(num_queries, tile_stride, TILE)
     kv = tl.program_id(1)
     qb, rm = _tile_queries(q_ptr, t, kv, num_queries, stride_qc, stride_qh, G, D, TILE, BLOCK_M, BLOCK_D)
     if not LOW_PRECISION:
@@ -67,29 +74,30 @@ def anchor_lse_kernel(
         l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(s - m_new[:, None]), 1)
         m_i = m_new
     lse = tl.where(rm, m_i + tl.log(l_i), float("inf"))  # invalid rows: weight exp(-inf) = 0
-    tl.store(lse_ptr + (t * tl.num_programs(1) + kv) * BLOCK_M + tl.arange(0, BLOCK_M), lse)
+    tl.store(lse_ptr + (tl.program_id(0) * tl.num_programs(1) + kv) * BLOCK_M + tl.arange(0, BLOCK_M), lse)
 
 
-@triton.jit(do_not_specialize=["num_queries", "num_past", "stride_ids"])
+@triton.jit(do_not_specialize=["num_queries", "num_past", "tile_stride", "stride_ids"])
 def anchor_mass_kernel(
-    q_ptr, k_ptr, ids_ptr, lse_ptr, out_ptr, num_queries, num_past, scale,
+    q_ptr, k_ptr, ids_ptr, lse_ptr, out_ptr, num_queries, num_past, scale, tile_stride,
     stride_qc, stride_qh, stride_kp, stride_kn, stride_kd, stride_ids,
     G: tl.constexpr, D: tl.constexpr, N: tl.constexpr, TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, LOW_PRECISION: tl.constexpr,
     STEPS: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2, grid ``(tiles, Hkv, cdiv(past, BLOCK_P * STEPS))``: ``out [tiles, Hkv, past]`` the mean
-    over the tile's valid rows of each past page's softmax weight (past keys are visible to every
-    tile). A program loads its tile's queries once and walks ``STEPS`` key blocks."""
-    t = tl.program_id(0)
+    """Pass 2, grid ``(scored tiles, Hkv, cdiv(past, BLOCK_P * STEPS))``: ``out [scored tiles, Hkv,
+    past]`` the mean over the tile's valid rows of each past page's softmax weight (past keys are
+    visible to every tile). A program loads its tile's queries once and walks ``STEPS`` key blocks."""
+    i = tl.program_id(0)
+    t = _scored_tile(num_queries, tile_stride, TILE)
     kv = tl.program_id(1)
     hkv = tl.num_programs(1)
     qb, rm = _tile_queries(q_ptr, t, kv, num_queries, stride_qc, stride_qh, G, D, TILE, BLOCK_M, BLOCK_D)
     if not LOW_PRECISION:
         qb = qb.to(tl.float32)
-    lse = tl.load(lse_ptr + (t * hkv + kv) * BLOCK_M + tl.arange(0, BLOCK_M))
+    lse = tl.load(lse_ptr + (i * hkv + kv) * BLOCK_M + tl.arange(0, BLOCK_M))
     rows = tl.sum(rm.to(tl.float32), 0)
-    out_row = out_ptr + (t * hkv + kv).to(tl.int64) * num_past
+    out_row = out_ptr + (i * hkv + kv).to(tl.int64) * num_past
     for step in range(STEPS):
         p0 = (tl.program_id(2) * STEPS + step) * BLOCK_P
         if p0 < num_past:

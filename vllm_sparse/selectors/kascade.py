@@ -15,7 +15,9 @@ page set per (request, KV head) for a whole prefill chunk (the largest over the 
 each tile's pooled mass) instead of one per tile; tiles of 32 queries by default (the paper: 128);
 sink and local pages are forced on top; the budget is the config's (the paper: max(128, 10%)).
 An explicit ``chunk_query_window: W`` makes an anchor score a prefill chunk with its last ``W``
-queries only, as Quest and Twilight do by default (the paper, and the default here: every query).
+queries only, as Quest and Twilight do by default (the paper, and the default here: every query);
+``kascade.tile_stride: S`` makes it score the chunk's last tile and every ``S``-th tile before it, a
+sample spread over the whole chunk at ``1/S`` of the anchors' prefill cost (default 1: every tile).
 An anchor scores every request that a later layer may run sparse (past the config's
 ``dense_below_tokens``), whether or not the anchor's own layer runs it sparse.
 """
@@ -47,23 +49,24 @@ def anchor_queries(query: torch.Tensor, req: RequestPlan, window: int | None) ->
 
 def score_request(
     query: torch.Tensor, page_keys: torch.Tensor, block_table: torch.Tensor, layout: PageLayout,
-    r: int, req: RequestPlan, scale: float, tile: int = TILE, window: int | None = None,
+    r: int, req: RequestPlan, scale: float, tile: int = TILE, window: int | None = None, stride: int = 1,
 ) -> torch.Tensor:  # fmt: skip
     """``float32 [Hkv, P_past]`` the anchor mass of request ``r`` of a plan (``query [T, Hq, D]``,
     ``block_table int [B, max_blocks]``): the Triton kernel on CUDA, else the torch twin.
 
     ``window``: score with the chunk's last ``window`` queries only (``chunk_query_window``; None:
     every query, the paper's rule). Those queries still attend every key before them, the chunk's
-    earlier keys included, and their tiles start at the window's first query."""
+    earlier keys included, and their tiles start at the window's first query. ``stride``: score the
+    last tile and every ``stride``-th before it (``kascade.tile_stride``, ``anchor_mass.scored_tiles``)."""
     q, context = anchor_queries(query, req, window)
     pages = -(-(req.context_len + req.query_len - 1) // layout.page_size)
     ids = past_page_ids(block_table, r, pages, layout)  # [Hkv, pages]
     if _use_triton(q, layout.page_size):
         from vllm_sparse.kernels.anchor_mass import anchor_page_mass_triton
 
-        mass = anchor_page_mass_triton(q, page_keys, ids, context, scale, tile)
+        mass = anchor_page_mass_triton(q, page_keys, ids, context, scale, tile, stride)
     else:
-        mass = anchor_page_mass(q, page_keys, ids, context, scale, tile)
+        mass = anchor_page_mass(q, page_keys, ids, context, scale, tile, stride)
     return mass[:, : req.context_len // layout.page_size]  # the chunk's own pages are not past pages
 
 
@@ -126,8 +129,11 @@ class KascadeSelector:
         (``query [T, Hq, D]``, ``page_keys [num_pages, N, D]``, ``block_table int [B, max_blocks]``)."""
         buf = plan.state.on(block_table, layout).anchor
         scale = self.scale or query.shape[-1] ** -0.5
+        o = self.options
         buf.mass = [
-            score_request(query, page_keys, block_table, layout, r, req, scale, self.options.tile, self.query_window)
+            score_request(
+                query, page_keys, block_table, layout, r, req, scale, o.tile, self.query_window, o.tile_stride
+            )
             if self._scored(req)
             else None
             for r, req in enumerate(plan.requests)
