@@ -69,9 +69,9 @@ def main() -> None:
     args = ap.parse_args()
     out, timer, dense = bench_setup(args.out, args.reps, D, N)
     settings = [tuple(map(int, s.split(":"))) for s in args.settings.split(",")]
+    strides = [int(x) for x in args.strides.split(",") if x]
     results = []
     for i, ctx in enumerate(map(int, args.contexts.split(","))):
-        strides = [int(x) for x in args.strides.split(",") if x]
         r = case(timer, dense, args.q, ctx, settings, seed=i, strides=strides)
         results.append(r)
         print(json.dumps(r), flush=True)
