@@ -28,8 +28,11 @@ def test_decode_columns_equal_plan_request(method, force_sparse, page_size):
             sink_tokens=rng.choice([0, 16, 40]),
             local_tokens=rng.choice([0, 64, 512]),
             dense_below_tokens=rng.choice([0, 300, 4096]),
-            budget={"fraction": rng.choice([0.05, 0.125, 0.5]), "min_tokens": rng.choice([0, 1024]),
-                    "max_tokens": rng.choice([None, 16384])},  # fmt: skip
+            budget={
+                "fraction": rng.choice([0.05, 0.125, 0.5]),
+                "min_tokens": rng.choice([0, 1024]),
+                "max_tokens": rng.choice([None, 16384]),
+            },  # fmt: skip
         )
         policy = cfg.for_layer(1 + trial % 2)
         seqs = np.array([0, 1, 2, 17, 33, 100, 1000, 4097, 20000, 131072] + [rng.randint(1, 131072) for _ in range(40)])
@@ -88,7 +91,9 @@ def test_steps_below_the_break_even_decode_dense():
     alone = buf.write(np.array([40001]), table)
     assert alone.host_columns[quest][0, SELECT] > 0
     assert np.array_equal(alone.host_columns[quest], decode_columns(quest, 16, np.array([40001])))
-    assert DecodeColumns([quest], 16, 4, 65536, "cpu").write(np.array([16001]), table).host_columns[quest][0, SELECT] > 0
+    assert (
+        DecodeColumns([quest], 16, 4, 65536, "cpu").write(np.array([16001]), table).host_columns[quest][0, SELECT] > 0
+    )
 
 
 def test_decode_break_even_per_gpu_and_method():
@@ -112,3 +117,41 @@ def test_a_layer_that_decodes_dense_gets_dense_columns_beside_sparse_layers():
     assert (dense[:, SELECT] == 0).all() and (dense[:, HEAD] == 0).all() and (dense[:, TAIL] == 0).all()
     assert (sparse[:, SELECT] > 0).all()
     assert (dense[:, TOTAL] == sparse[:, TOTAL]).all()
+
+
+def test_column_tables_give_what_decode_columns_computes():
+    """``DecodeColumns`` looks a step's columns up in tables made at start (one per policy and its dense
+    variant, every length up to ``max_model_len``): the same columns as ``decode_columns`` on random
+    batches with padding rows, on both sides of the break-even, and for lengths past the table (computed
+    then); a config too large for the tables computes every step."""
+    import vllm_sparse.decode_step as ds
+
+    rng = np.random.default_rng(5)
+    quest = SparseConfig(method="quest", budget={"fraction": 0.125}).for_layer(1)
+    policies = [SparseConfig(method="quest").for_layer(0), quest, SparseConfig(method="quest", sparse_decode=True,
+                sink_tokens=40, local_tokens=64).for_layer(1)]  # fmt: skip
+    buf = DecodeColumns(policies, 32, 16, 4096, "cpu", min_sparse_tokens=20000)
+    assert buf._tables is not None and buf._tables.shape == (2, 3, 4097, 6)
+    table = torch.zeros(16, 200, dtype=torch.int32)
+    seen_below = seen_above = False
+    for trial in range(200):
+        seq = rng.integers(0, 4098 if trial % 4 else 4097, size=int(rng.integers(1, 17)))  # 4097: past the table
+        seq[rng.random(seq.size) < 0.2] = 0
+        below = int(np.maximum(seq - 1, 0).sum()) < 20000
+        seen_below, seen_above = seen_below or below, seen_above or not below
+        step = buf.write(seq, table)
+        for p in policies:
+            want = decode_columns(buf._dense[p] if below and p.decode_by_cost else p, 32, seq)
+            assert np.array_equal(step.host_columns[p], want), (trial, p)
+            assert torch.equal(step.columns[p], torch.from_numpy(want))
+        assert not buf._device[:, seq.size :].any()
+    assert seen_below and seen_above
+    old = ds.TABLE_BYTES
+    try:
+        ds.TABLE_BYTES = 1000
+        small = DecodeColumns(policies, 32, 16, 4096, "cpu")
+    finally:
+        ds.TABLE_BYTES = old
+    assert small._tables is None
+    seq = np.array([4000, 0, 17])
+    assert np.array_equal(small.write(seq, table).host_columns[quest], decode_columns(quest, 32, seq))

@@ -25,6 +25,10 @@ import torch
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.policy import NUM_COLUMNS, decode_columns, select_cap
 
+#: Largest host table of decode columns (``DecodeColumns._column_tables``): 2 x P x (max_model_len + 1)
+#: rows of 24 bytes, 12.6 MB for two policies at 128K.
+TABLE_BYTES = 64 << 20
+
 
 @dataclass
 class AnchorPick:
@@ -143,6 +147,44 @@ class DecodeColumns:
         if anchor_scores:
             shape = (max_reqs * num_kv_heads, group_size, self.page_cap)
             self._anchor = torch.zeros(shape, dtype=torch.float32, device=device)
+        self._tables = self._column_tables(max_model_len)
+        self._views: dict[int, dict] = {}
+
+    def _column_tables(self, max_model_len: int) -> np.ndarray | None:
+        """``int32 [2, P, L, NUM_COLUMNS]``: ``policy.decode_columns`` of every sequence length
+        ``0 .. L - 1`` (``L`` = ``max_model_len + 1``) for each policy (``[0]``) and for the dense
+        variant the cost rule switches it to (``[1]``), so that a step's columns are one lookup instead
+        of some thirty array operations per policy (the host work between CUDA-graph replays). None
+        past ``TABLE_BYTES`` (``write`` then computes the columns)."""
+        length = max_model_len + 1
+        if 2 * len(self.policies) * length * NUM_COLUMNS * 4 > TABLE_BYTES:
+            return None
+        seq = np.arange(length, dtype=np.int64)
+        tables = np.stack([
+            np.stack([decode_columns(p, self.page_size, seq) for p in self.policies]),
+            np.stack([decode_columns(self._dense[p] if p.decode_by_cost else p, self.page_size, seq)
+                      for p in self.policies]),
+        ])  # fmt: skip
+        for p, i in self._index.items():
+            top = int(tables[:, i, :, 0].max())
+            if top > self.select_caps[p]:
+                raise AssertionError(f"a decode row selects {top} pages, above the cap {self.select_caps[p]}")
+        return tables
+
+    def _views_of(self, b: int) -> dict:
+        """The device views a step of ``b`` decode rows hands its kernels, made once per ``b``."""
+        views = self._views.get(b)
+        if views is None:
+            h = self.num_kv_heads
+            views = self._views[b] = dict(
+                columns={p: self._device[i, :b] for p, i in self._index.items()},
+                no_pages=self._no_pages[: b * h],
+                no_counts=self._no_counts[: b * h],
+                anchor=None if self._anchor is None else self._anchor[: b * h, 0],
+                anchor_work=None if self._anchor is None else self._anchor[: b * h],
+                topk_counters=self._topk_counters[: 2 * b * h],
+            )
+        return views
 
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
@@ -155,31 +197,33 @@ class DecodeColumns:
         b = len(seq_lens)
         if b > self.max_reqs:
             raise ValueError(f"{b} decode requests exceed the {self.max_reqs} the buffers were sized for")
+        seq = np.asarray(seq_lens, dtype=np.int64)
         host = np.zeros((len(self.policies), self.max_reqs, NUM_COLUMNS), dtype=np.int32)
-        host_cols = {}
-        past_tokens = int(np.maximum(np.asarray(seq_lens, dtype=np.int64) - 1, 0).sum())
-        below = past_tokens < self.min_sparse_tokens
-        for p, i in self._index.items():
-            cols = decode_columns(self._dense[p] if below and p.decode_by_cost else p, self.page_size, seq_lens)
-            cap = self.select_caps[p]
-            if cols.shape[0] and int(cols[:, 0].max()) > cap:
-                raise AssertionError(f"a decode row selects {int(cols[:, 0].max())} pages, above the cap {cap}")
-            host[i, :b] = cols
-            host_cols[p] = cols
+        below = int(np.maximum(seq - 1, 0).sum()) < self.min_sparse_tokens
+        if self._tables is not None and b and int(seq.max()) < self._tables.shape[2]:
+            host[:, :b] = self._tables[int(below)][:, seq]
+        else:
+            for p, i in self._index.items():
+                cols = decode_columns(self._dense[p] if below and p.decode_by_cost else p, self.page_size, seq)
+                cap = self.select_caps[p]
+                if cols.shape[0] and int(cols[:, 0].max()) > cap:
+                    raise AssertionError(f"a decode row selects {int(cols[:, 0].max())} pages, above the cap {cap}")
+                host[i, :b] = cols
         staged = torch.from_numpy(host).pin_memory() if self.device.type == "cuda" else torch.from_numpy(host)
         self._device.copy_(staged, non_blocking=True)
+        views = self._views_of(b)
         return DecodeStep(
             num_reqs=b,
             page_size=self.page_size,
             block_table=block_table[:b],
-            columns={p: self._device[i, :b] for p, i in self._index.items()},
-            host_columns=host_cols,
+            columns=dict(views["columns"]),
+            host_columns={p: host[i, :b] for p, i in self._index.items()},
             page_cap=self.page_cap,
             select_caps=self.select_caps,
-            no_pages=self._no_pages[: b * self.num_kv_heads],
-            no_counts=self._no_counts[: b * self.num_kv_heads],
-            anchor=None if self._anchor is None else self._anchor[: b * self.num_kv_heads, 0],
+            no_pages=views["no_pages"],
+            no_counts=views["no_counts"],
+            anchor=views["anchor"],
             anchor_pick=None if self._anchor is None else AnchorPick(),
-            anchor_work=None if self._anchor is None else self._anchor[: b * self.num_kv_heads],
-            topk_counters=self._topk_counters[: 2 * b * self.num_kv_heads],
+            anchor_work=views["anchor_work"],
+            topk_counters=views["topk_counters"],
         )
