@@ -8,6 +8,9 @@ host's CUDA-graph launches (a decode step in vLLM's full CUDA graphs is one ``cu
     period  = time from one step's graph launch to the next one's (what TPOT is made of)
     busy    = GPU kernel, memcpy and memset time that starts within the period
     idle    = period - busy (the GPU waiting on the host, or launch gaps)
+    gaps    = idle split at ``HOST_GAP_US``: the gaps at least that long (the GPU waiting for the host
+              between graph replays) and the shorter ones (launch gaps between the nodes of a graph),
+              with the kernels that the longest gaps precede; and the host's ``cpu_op`` events per step
 
 and per kernel name the time per step, and the same summed over kernel categories (``CATEGORIES``:
 attention, merge of splits, selection, K/V write, GEMM, other). Two servers' reports side by side say
@@ -27,6 +30,7 @@ from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GRAPH_LAUNCH = "cudaGraphLaunch"
+HOST_GAP_US = 8.0  # a GPU gap this long is the host's, not a launch gap inside a graph
 #: Where a kernel's time goes in a decode step: the first category with a pattern in its name
 #: (FlashAttention's combine is a merge, not attention; the top-k's write pass is selection).
 CATEGORIES = (
@@ -92,19 +96,40 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
     gpu = sorted(
         (e for e in events if e.get("cat") in GPU_CATEGORIES and "ts" in e and "dur" in e), key=lambda e: e["ts"]
     )
-    periods, busy, per_name = [], [], {}
-    j = 0
+    cpu_ops = sorted(
+        (e for e in events if e.get("cat") == "cpu_op" and "ts" in e and "dur" in e), key=lambda e: e["ts"]
+    )
+    periods, busy, per_name, host_gaps, graph_gaps, before, ops = [], [], {}, [], [], {}, {}
+    j = c = 0
+    ready = None  # when the GPU ran out of earlier work (carried over steps: a step's first gap is the host's)
     for start, end in zip(launches, launches[1:]):
         while j < len(gpu) and gpu[j]["ts"] < start:
             j += 1
-        total = 0.0
+        total = long_gaps = short_gaps = 0.0
         k = j
         while k < len(gpu) and gpu[k]["ts"] < end:
-            total += gpu[k]["dur"]
-            per_name[gpu[k]["name"]] = per_name.get(gpu[k]["name"], 0.0) + gpu[k]["dur"]
+            e = gpu[k]
+            total += e["dur"]
+            per_name[e["name"]] = per_name.get(e["name"], 0.0) + e["dur"]
+            if ready is not None and e["ts"] > ready:
+                gap = e["ts"] - ready
+                if gap >= HOST_GAP_US:
+                    long_gaps += gap
+                    before[e["name"]] = before.get(e["name"], 0.0) + gap
+                else:
+                    short_gaps += gap
+            ready = max(ready or 0.0, e["ts"] + e["dur"])
             k += 1
+        while c < len(cpu_ops) and cpu_ops[c]["ts"] < start:
+            c += 1
+        while c < len(cpu_ops) and cpu_ops[c]["ts"] < end:
+            n, d = ops.get(cpu_ops[c]["name"], (0, 0.0))
+            ops[cpu_ops[c]["name"]] = (n + 1, d + cpu_ops[c]["dur"])
+            c += 1
         periods.append(end - start)
         busy.append(total)
+        host_gaps.append(long_gaps)
+        graph_gaps.append(short_gaps)
     steps = len(periods)
     period, work = statistics.median(periods), statistics.median(busy)
     kernels = sorted(((n, t / steps) for n, t in per_name.items()), key=lambda x: -x[1])[:top]
@@ -118,6 +143,13 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
         "idle_us": round(period - work, 1),
         "kernels": [(n, round(t, 2)) for n, t in kernels],
         "categories": {cat: round(t, 1) for cat, t in categories.items()},
+        "host_gaps_us": round(statistics.median(host_gaps), 1),
+        "graph_gaps_us": round(statistics.median(graph_gaps), 1),
+        "host_gaps_before": [(n, round(t / steps, 2)) for n, t in sorted(before.items(), key=lambda x: -x[1])[:8]],
+        "cpu_ops": [
+            (n, round(k / steps, 1), round(d / steps, 1))
+            for n, (k, d) in sorted(ops.items(), key=lambda x: -x[1][1])[:top]
+        ],
     }
 
 
@@ -145,6 +177,12 @@ def main() -> None:
             f"{t}: {r['steps']} steps, period {r['period_us']} us, GPU busy {r['busy_us']} us, idle {r['idle_us']} us"
         )
         print("    per step: " + ", ".join(f"{cat} {us} us" for cat, us in r["categories"].items()))
+        print(
+            f"    idle: gaps of {HOST_GAP_US} us or more {r['host_gaps_us']} us, shorter {r['graph_gaps_us']} us; "
+            "the long ones before: " + ", ".join(f"{n[:40]} {us}" for n, us in r["host_gaps_before"])
+        )
+        for name, n, us in r["cpu_ops"]:
+            print(f"    host {us:9.1f} us/step in {n:6.1f} {name[:90]}")
         for name, us in r["kernels"]:
             print(f"    {us:9.2f} us/step  {name[:110]}")
     if args.json:

@@ -76,3 +76,22 @@ def test_kernel_time_per_category():
     }  # fmt: skip
     assert sum(r["categories"].values()) == r["busy_us"]
     assert category("_split_write_kernel") == "selection" and category("_int4_write_kernel") == "kv_write"
+
+
+def test_idle_splits_into_host_gaps_and_launch_gaps():
+    # per step of 150 us: three kernels 1 us apart (launch gaps inside the graph) from 5 us after the launch
+    # to 101 us; the next step's first kernel starts 54 us after that (the host's gap)
+    events = [{"name": "cudaGraphLaunch", "cat": "cuda_runtime", "ts": 0.0, "dur": 3.0}]
+    for s in range(4):
+        t = s * 150.0 + 5.0
+        for name, dur in (("attn", 30.0), ("gemm", 60.0), ("copy", 4.0)):
+            events.append({"name": name, "cat": "kernel", "ts": t, "dur": dur})
+            t += dur + 1.0
+        events.append({"name": "cudaGraphLaunch", "cat": "cuda_runtime", "ts": (s + 1) * 150.0, "dur": 3.0})
+        events.append({"name": "aten::copy_", "cat": "cpu_op", "ts": s * 150.0 + 100.0, "dur": 6.0})
+    r = step_report(events)
+    assert r["busy_us"] == 94.0 and r["idle_us"] == 56.0
+    assert r["graph_gaps_us"] == 2.0  # two 1-us gaps between the nodes of a step
+    assert r["host_gaps_us"] == 54.0  # 155 - 101: from one step's last kernel to the next step's first
+    assert r["host_gaps_before"] == [("attn", 40.5)]  # three such gaps over four steps (the first has none)
+    assert r["cpu_ops"] == [("aten::copy_", 1.0, 6.0)]

@@ -149,6 +149,14 @@ class DecodeColumns:
             self._anchor = torch.zeros(shape, dtype=torch.float32, device=device)
         self._tables = self._column_tables(max_model_len)
         self._views: dict[int, dict] = {}
+        # host staging of ``_device``: on CUDA two pinned buffers in turn, each reused only once the copy that
+        # last read it has run (its event), so a step allocates no pinned memory and never overwrites a copy in flight
+        shape = tuple(self._device.shape)
+        pinned = self.device.type == "cuda"
+        self._staging = [torch.zeros(shape, dtype=torch.int32, pin_memory=pinned) for _ in range(2 if pinned else 1)]
+        self._staging_host = [t.numpy() for t in self._staging]
+        self._staged = [torch.cuda.Event() if pinned else None for _ in self._staging]
+        self._turn = 0
 
     def _column_tables(self, max_model_len: int) -> np.ndarray | None:
         """``int32 [2, P, L, NUM_COLUMNS]``: ``policy.decode_columns`` of every sequence length
@@ -186,6 +194,17 @@ class DecodeColumns:
             )
         return views
 
+    def _stage(self, host: np.ndarray) -> None:
+        """Copy ``host`` (``int32`` shaped as ``_device``) to the device asynchronously."""
+        i = self._turn = (self._turn + 1) % len(self._staging)
+        event = self._staged[i]
+        if event is not None:
+            event.synchronize()  # the copy that last read this buffer (two steps ago) has run
+        self._staging_host[i][...] = host
+        self._device.copy_(self._staging[i], non_blocking=event is not None)
+        if event is not None:
+            event.record()
+
     def write(self, seq_lens: np.ndarray, block_table: torch.Tensor) -> DecodeStep:
         """Columns of ``B = len(seq_lens)`` decode requests for every policy, copied to the device
         (pinned staging, one asynchronous copy; rows past ``B`` are zeroed: padding).
@@ -209,8 +228,7 @@ class DecodeColumns:
                 if cols.shape[0] and int(cols[:, 0].max()) > cap:
                     raise AssertionError(f"a decode row selects {int(cols[:, 0].max())} pages, above the cap {cap}")
                 host[i, :b] = cols
-        staged = torch.from_numpy(host).pin_memory() if self.device.type == "cuda" else torch.from_numpy(host)
-        self._device.copy_(staged, non_blocking=True)
+        self._stage(host)
         views = self._views_of(b)
         return DecodeStep(
             num_reqs=b,

@@ -25,6 +25,7 @@ import importlib.util
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from vllm.config import get_layers_from_vllm_config
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -210,22 +211,24 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         cm = common_attn_metadata
         b = cm.num_reqs
         # exact on decode rows: speculative decoding (whose bound is optimistic) is refused at start
-        seq_cpu = cm.seq_lens_cpu_upper_bound
-        if seq_cpu is None:
-            seq_cpu = cm.seq_lens.cpu()
-        qsl = cm.query_start_loc_cpu[: b + 1]
+        seq_t = cm.seq_lens_cpu_upper_bound
+        if seq_t is None:
+            seq_t = cm.seq_lens.cpu()
+        # numpy views of the host tensors: the slicing below is host work between CUDA-graph replays
+        seq_cpu = seq_t.numpy()[:b]
+        qsl = cm.query_start_loc_cpu.numpy()[: b + 1]
         nd = 0
         if self._decode is not None:  # the leading requests of at most one query token (0: padding)
-            q_lens = (qsl[1:] - qsl[:-1]).numpy()
-            nd = int((q_lens <= 1).cumprod().sum())
+            q_lens = qsl[1:] - qsl[:-1]
+            nd = b if q_lens.max(initial=0) <= 1 else int(np.argmax(q_lens > 1))
         decode = None
         if nd:
-            decode = self._decode.write(seq_cpu[:nd].numpy(), cm.block_table_tensor)
+            decode = self._decode.write(seq_cpu[:nd], cm.block_table_tensor)
             self._count_decode(decode)
         meta = SparseAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             query_start_loc=qsl[nd:].tolist(),
-            seq_lens=seq_cpu[nd:b].tolist(),
+            seq_lens=seq_cpu[nd:].tolist(),
             block_table=cm.block_table_tensor[nd:b],
             slot_mapping=cm.slot_mapping,
             page_size=self.page_size,
@@ -233,7 +236,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             sparse_pays=self._sparse_pays,
         )
         if meta.has_prefill and self._decode is not None:  # GPUs: the dense call of the prefill rows
-            q_lens = (qsl[nd + 1 :] - qsl[nd:-1]).numpy()
+            q_lens = qsl[nd + 1 :] - qsl[nd:-1]
             meta.dense_rows = DenseRows(
                 token_start=int(qsl[nd]),
                 num_tokens=int(qsl[b] - qsl[nd]),
