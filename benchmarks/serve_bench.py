@@ -159,8 +159,9 @@ def server_cmd(
 def server_settings(label: str, sparse_cfg: dict, variants_declared: dict[str, dict] | None = None):
     """``(backend, sparse config or None, extra vllm serve arguments)`` of a label ``BACKEND[+variant...]``.
     A variant is ``sparse_decode`` or one of ``variants_declared`` (``--variant NAME JSON``): its
-    ``server_args`` (a list) are added to the server's command line, any backend; its other fields are
-    merged into the sparse config, so a dense backend's variants may hold ``server_args`` only."""
+    ``server_args`` (a list) are added to the server's command line, any backend; its ``env`` (a dict) to
+    the server's environment (``server_env``); its other fields are merged into the sparse config, so a
+    dense backend's variants may hold ``server_args`` and ``env`` only."""
     backend, *variants = label.split("+")
     sparse = backend.lower().startswith("sparse_")
     cfg = json.loads(json.dumps(sparse_cfg)) if sparse else None
@@ -171,11 +172,20 @@ def server_settings(label: str, sparse_cfg: dict, variants_declared: dict[str, d
             raise SystemExit(f"unknown variant {v!r} (declare it with --variant {v} JSON)")
         fields = json.loads(json.dumps(fields))
         extra += [str(a) for a in fields.pop("server_args", [])]
+        fields.pop("env", None)
         if fields and not sparse:
             raise SystemExit(f"{label}: variant {v!r} sets sparse fields {sorted(fields)} on a dense backend")
         if fields:
             cfg.update(fields)
     return backend, cfg, extra
+
+
+def server_env(label: str, variants_declared: dict[str, dict] | None = None) -> dict[str, str]:
+    """The environment variables that the variants of ``label`` set on its server (their ``env``)."""
+    env: dict[str, str] = {}
+    for v in label.split("+")[1:]:
+        env.update({k: str(x) for k, x in ((variants_declared or {}).get(v) or {}).get("env", {}).items()})
+    return env
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
@@ -295,9 +305,10 @@ def run_backend(
     cmd = server_cmd(model, backend, port, cfg, chunk, profile, extra)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1"))  # fmt: skip
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", VLLM_SPARSE_JIT_TRACE="1",
+                                         **server_env(label, variants_declared)))  # fmt: skip
     res = {"backend": backend, "label": label, "sparse_config": cfg, "server_command": shlex.join(cmd), "chunk": chunk,
-           "loads": {}}  # fmt: skip
+           "server_env": server_env(label, variants_declared), "loads": {}}  # fmt: skip
     try:
         res["engine_start_s"] = round(wait_ready(port, proc, 900), 1)
         names = {ld: [f"{tag if i == 0 else f'{tag}_pass{i + 1}'}_{ld}.json" for i in range(repeat)] for ld in loads}
@@ -460,7 +471,8 @@ def main() -> None:
     r.add_argument("--loads", default="tpot128k,decode16,A,B,C")
     r.add_argument("--variant", nargs=2, action="append", default=[], metavar=("NAME", "JSON"),
                    help="a label suffix +NAME whose JSON fields are merged into that server's sparse config "
-                   "(its server_args, a list, go to vllm serve's command line, for any backend)")
+                   "(its server_args, a list, go to vllm serve's command line and its env, a dict, to the server's "
+                   "environment, for any backend)")
     r.add_argument("--sparse-config", default=json.dumps(DEFAULT_SPARSE))
     r.add_argument("--port", type=int, default=8123)
     r.add_argument("--chunk", type=int, default=8192, help="--max-num-batched-tokens of every server (chunked prefill)")

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from serve_bench import profile_skip_steps, server_cmd, server_settings  # noqa: E402
+from serve_bench import profile_skip_steps, server_cmd, server_env, server_settings  # noqa: E402
 
 BASE = {"budget": {"fraction": 0.125}}
 VARIANTS = {"b32": {"server_args": ["--block-size", 32]}, "d8": {"layers": {"8": {"sparse_decode": False}}}}
@@ -31,6 +31,14 @@ def test_dense_backends_take_server_args_only():
         server_settings("FLASH_ATTN+d8", BASE, VARIANTS)
     with pytest.raises(SystemExit, match="unknown variant"):
         server_settings("sparse_quest+nope", BASE, VARIANTS)
+
+
+def test_variants_set_server_environment_variables_on_any_backend():
+    variants = {**VARIANTS, "nopdl": {"env": {"VLLM_SPARSE_PDL": 0}}}
+    assert server_settings("sparse_quest+nopdl+b32", BASE, variants) == ("sparse_quest", BASE, ["--block-size", "32"])
+    assert server_settings("FLASH_ATTN+nopdl", BASE, variants) == ("FLASH_ATTN", None, [])
+    assert server_env("sparse_quest+nopdl+b32", variants) == {"VLLM_SPARSE_PDL": "0"}
+    assert server_env("sparse_quest", variants) == {}
 
 
 def test_profiled_steps_start_after_every_prompt_is_prefilled():

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from vllm_sparse.kernels.paged_attention import num_sms
+from vllm_sparse.kernels.pdl import launch_options, pdl_wait_then_release
 from vllm_sparse.kernels.split_merge import merge_partial_vectors
 from vllm_sparse.policy import HEAD, LAST, NUM_COLUMNS, TAIL, TOTAL
 
@@ -77,7 +78,9 @@ def _decode_attn_kernel(
     C_LAST: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
     req = row // HKV
@@ -157,7 +160,9 @@ def _decode_merge_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0)
     h = tl.program_id(1)  # query head of the group
     req = row // HKV
@@ -227,16 +232,17 @@ def decode_attention_triton(
     low = query.is_cuda and page_keys.dtype in (torch.bfloat16, torch.float16)
     consts = dict(HKV=hkv, G=g, D=d, BLOCK_D=block_d)
     launch = {"num_warps": num_warps} | ({"num_stages": num_stages} if num_stages else {})
+    pdl = launch_options(query.device)
     _decode_attn_kernel[(rows, splits)](
         query, page_keys, page_values, block_table, pages, counts, columns, part_o, part_lse,
         scale * LOG2E, query.stride(0), query.stride(1), page_keys.stride(0), page_keys.stride(1),
         page_values.stride(0), page_values.stride(1), block_table.stride(0), pages.stride(0), head_slots, splits,
         BLOCK_G=block_g, PAGE=n, BLOCK_N=block_n, NCOLS=NUM_COLUMNS, C_HEAD=HEAD, C_TAIL=TAIL, C_TOTAL=TOTAL,
-        C_LAST=LAST, LOW_PRECISION=low, DOT_PRECISION="tf32" if low else "ieee", **launch, **consts,
+        C_LAST=LAST, LOW_PRECISION=low, DOT_PRECISION="tf32" if low else "ieee", **launch, **consts, **pdl,
     )  # fmt: skip
     _decode_merge_kernel[(rows, g)](
         output, part_o, part_lse, output.stride(0), output.stride(1), splits, BLOCK_S=MERGE_SPLITS, num_warps=4,
-        **consts,
+        **consts, **pdl,
     )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from vllm_sparse.kernels.page_meta_write import TL_DTYPES, int8_args, write_int4_row, write_minmax_int8_row
+from vllm_sparse.kernels.pdl import launch_options, pdl_wait_then_release
 from vllm_sparse.layout import PageLayout, PageMeta
 
 
@@ -67,7 +68,9 @@ def _write_kernel(
     INT4: tl.constexpr,
     INT8: tl.constexpr,
     CACHE_DTYPE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait_then_release(USE_PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -164,7 +167,7 @@ def write_decode_step_triton(
         scale.stride(0) if int4 else 0, scale.stride(1) if int4 else 0,
         *int8_args(meta if int8 else None, kv_cache),
         PAGE=n, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_N=triton.next_power_of_2(n),
-        MINMAX=minmax, INT4=int4, INT8=int8, CACHE_DTYPE=TL_DTYPES[kv_cache.dtype],
+        MINMAX=minmax, INT4=int4, INT8=int8, CACHE_DTYPE=TL_DTYPES[kv_cache.dtype], **launch_options(kv_cache.device),
     )  # fmt: skip
 
 

@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from vllm_sparse.kernels.paged_attention import num_sms
+from vllm_sparse.kernels.pdl import launch_options, pdl_wait_then_release
 from vllm_sparse.kernels.quest_rows import QuestRows, quest_row_bounds
 from vllm_sparse.policy import HEAD, NUM_COLUMNS, SELECT, TAIL
 
@@ -188,7 +189,9 @@ def _select_pages_kernel(
     BLOCK_P: tl.constexpr,
     LOW_PRECISION: tl.constexpr,
     SCALED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0)
     k, lo, hi = _row_range(cols_ptr, row // HKV, NCOLS, C_SELECT, C_HEAD, C_TAIL)
     tl.store(count_ptr + row, k)
@@ -553,7 +556,7 @@ def select_top_pages_triton(
     _select_pages_kernel[(rows,)](
         scores, columns, out, counts, scores.stride(0), out.stride(0), *q_args,
         HKV=num_kv_heads, NCOLS=NUM_COLUMNS, C_SELECT=SELECT, C_HEAD=HEAD, C_TAIL=TAIL, BITS=RADIX_BITS,
-        BLOCK=256 * warps, num_warps=warps, **q_consts, **launch,
+        BLOCK=256 * warps, num_warps=warps, **q_consts, **launch, **launch_options(scores.device),
     )  # fmt: skip
     return out, counts
 
