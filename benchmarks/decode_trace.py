@@ -10,7 +10,7 @@ host's CUDA-graph launches (a decode step in vLLM's full CUDA graphs is one ``cu
     idle    = period - busy (the GPU waiting on the host, or launch gaps)
     gaps    = idle split at ``HOST_GAP_US``: the gaps at least that long (the GPU waiting for the host
               between graph replays) and the shorter ones (launch gaps between the nodes of a graph),
-              with the kernels that the longest gaps precede; and the host's ``cpu_op`` events per step
+              with the kernels that each kind of gap precedes; and the host's ``cpu_op`` events per step
 
 and per kernel name the time per step, and the same summed over kernel categories (``CATEGORIES``:
 attention, merge of splits, selection, K/V write, GEMM, other). Two servers' reports side by side say
@@ -99,7 +99,7 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
     cpu_ops = sorted(
         (e for e in events if e.get("cat") == "cpu_op" and "ts" in e and "dur" in e), key=lambda e: e["ts"]
     )
-    periods, busy, per_name, host_gaps, graph_gaps, before, ops = [], [], {}, [], [], {}, {}
+    periods, busy, per_name, host_gaps, graph_gaps, before, short_before, ops = [], [], {}, [], [], {}, {}, {}
     j = c = 0
     ready = None  # when the GPU ran out of earlier work (carried over steps: a step's first gap is the host's)
     for start, end in zip(launches, launches[1:]):
@@ -118,6 +118,7 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
                     before[e["name"]] = before.get(e["name"], 0.0) + gap
                 else:
                     short_gaps += gap
+                    short_before[e["name"]] = short_before.get(e["name"], 0.0) + gap
             ready = max(ready or 0.0, e["ts"] + e["dur"])
             k += 1
         while c < len(cpu_ops) and cpu_ops[c]["ts"] < start:
@@ -146,6 +147,9 @@ def step_report(events: list[dict], top: int = 15) -> dict | None:
         "host_gaps_us": round(statistics.median(host_gaps), 1),
         "graph_gaps_us": round(statistics.median(graph_gaps), 1),
         "host_gaps_before": [(n, round(t / steps, 2)) for n, t in sorted(before.items(), key=lambda x: -x[1])[:8]],
+        "graph_gaps_before": [
+            (n, round(t / steps, 2)) for n, t in sorted(short_before.items(), key=lambda x: -x[1])[:top]
+        ],
         "cpu_ops": [
             (n, round(k / steps, 1), round(d / steps, 1))
             for n, (k, d) in sorted(ops.items(), key=lambda x: -x[1][1])[:top]
@@ -181,6 +185,8 @@ def main() -> None:
             f"    idle: gaps of {HOST_GAP_US} us or more {r['host_gaps_us']} us, shorter {r['graph_gaps_us']} us; "
             "the long ones before: " + ", ".join(f"{n[:40]} {us}" for n, us in r["host_gaps_before"])
         )
+        for name, us in r["graph_gaps_before"]:
+            print(f"    gap {us:9.2f} us/step before {name[:100]}")
         for name, n, us in r["cpu_ops"]:
             print(f"    host {us:9.1f} us/step in {n:6.1f} {name[:90]}")
         for name, us in r["kernels"]:

@@ -94,4 +94,5 @@ def test_idle_splits_into_host_gaps_and_launch_gaps():
     assert r["graph_gaps_us"] == 2.0  # two 1-us gaps between the nodes of a step
     assert r["host_gaps_us"] == 54.0  # 155 - 101: from one step's last kernel to the next step's first
     assert r["host_gaps_before"] == [("attn", 40.5)]  # three such gaps over four steps (the first has none)
+    assert r["graph_gaps_before"] == [("gemm", 1.0), ("copy", 1.0)]
     assert r["cpu_ops"] == [("aten::copy_", 1.0, 6.0)]
