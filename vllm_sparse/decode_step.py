@@ -162,8 +162,8 @@ class DecodeColumns:
         """``int32 [2, P, L, NUM_COLUMNS]``: ``policy.decode_columns`` of every sequence length
         ``0 .. L - 1`` (``L`` = ``max_model_len + 1``) for each policy (``[0]``) and for the dense
         variant the cost rule switches it to (``[1]``), so that a step's columns are one lookup instead
-        of some thirty array operations per policy (the host work between CUDA-graph replays). None
-        past ``TABLE_BYTES`` (``write`` then computes the columns)."""
+        of some thirty array operations per policy (host time per step, which async scheduling hides behind
+        the GPU: session 32). None past ``TABLE_BYTES`` (``write`` then computes the columns)."""
         length = max_model_len + 1
         if 2 * len(self.policies) * length * NUM_COLUMNS * 4 > TABLE_BYTES:
             return None
