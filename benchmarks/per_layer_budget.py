@@ -1,6 +1,6 @@
 """Per-layer budgets from a recall run: spend the same pages where they buy the most attention recall.
 
-Reads a `vllm-sparse recall` result (``recall.json``: one record per prompt, phase, budget, method and layer) run
+Reads a `vllm-sparse recall` result (``recall.json``, or gzipped: one record per prompt, phase, budget, method and layer) run
 at several ``--budgets`` for one method. For every layer the engine runs sparse, its mean recall (over the prompts
 and ``--phases``) against the pages it attends at each budget (selected plus forced, per KV head) makes a curve;
 the curve is made concave (its upper hull) and the layers share out a page budget by greedy marginal gain, in
@@ -18,10 +18,13 @@ budgets from its share of pages, with ``min_tokens: 0`` so that the fraction hol
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
 
 
 def layer_curves(records: list[dict], method: str, phases: list[str]) -> dict[int, list[tuple[float, float, float]]]:
@@ -62,12 +65,7 @@ def upper_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def interp(x: float, xs: list[float], ys: list[float]) -> float:
     """Piecewise-linear ``y(x)`` through ``(xs, ys)`` (``xs`` ascending), clamped at the ends."""
-    if x <= xs[0]:
-        return ys[0]
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
-    return ys[-1]
+    return float(np.interp(x, xs, ys))
 
 
 def split_pages(hulls: dict[int, list[tuple[float, float]]], total: float, step: float) -> dict[int, float]:
@@ -105,7 +103,8 @@ def main() -> None:
     ap.add_argument("--step", type=float, default=1 / 64, help="share of the widest budget's pages per greedy step")
     ap.add_argument("--out", help="write {'layers': {...}} here (JSON, for a sparse config or a --variant)")
     args = ap.parse_args()
-    result = json.loads(Path(args.recall_json).read_text())
+    path = Path(args.recall_json)
+    result = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
     curves = layer_curves(result["records"], args.method, args.phases)
     if not curves:
         raise SystemExit(f"no sparse-layer records of {args.method!r} in phases {args.phases}")

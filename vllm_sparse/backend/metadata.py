@@ -214,7 +214,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         seq_t = cm.seq_lens_cpu_upper_bound
         if seq_t is None:
             seq_t = cm.seq_lens.cpu()
-        # numpy views of the host tensors: the slicing below is host work between CUDA-graph replays
+        # numpy views of the host tensors: slicing them costs no torch op per step
         seq_cpu = seq_t.numpy()[:b]
         qsl = cm.query_start_loc_cpu.numpy()[: b + 1]
         nd = 0
