@@ -57,7 +57,12 @@ LOADS = {
     # 16 requests together: their prefill chunks (the first-prefilled decode beside the later chunks), 8 steps
     # decoding all 16, then the profiled steps; 128 tokens each, so that no request ends before them
     "prof16x16k": {"input": 16000, "output": 128, "prompts": 16, "concurrency": 16, "profile": True},
+    # a real model's (``--real-model``) prompts of the accuracy eval (``vllm_sparse.eval.tasks``: retrieval, variable
+    # tracking, code), one at a time: TTFT where attention is what a real model computes, not random weights'
+    "real16k": {"input": 16384, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
+    "real32k": {"input": 32768, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
 }
+EVAL_TASKS = ("niah_multikey", "vt", "code")  # the tasks of the ``eval`` loads, in turn (3 prompts each)
 PROFILED_STEPS = 24  # decode steps a profile load records, after its prefill chunks and 8 decode steps
 
 
@@ -133,18 +138,42 @@ def build_model(path: Path) -> Path:
     return path
 
 
+class Served:
+    """The model every server of a run serves: the synthetic Llama-3.1-8B (``build_model``, random weights) or a
+    real one (``--real-model``: a known model of ``vllm_sparse.eval.models``, its weights staged or downloaded)."""
+
+    def __init__(self, path: Path, name: str = "llama8b", real: bool = False, max_model_len: int = 131072):
+        self.path, self.name, self.real, self.max_model_len = Path(path), name, real, max_model_len
+
+    @classmethod
+    def real_model(cls, name: str) -> Served:
+        from vllm_sparse.eval.models import model_max_context, resolve_model
+
+        path = resolve_model(name, progress=False)
+        return cls(Path(path), name, True, model_max_context(path))
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def served(model) -> Served:
+    return model if isinstance(model, Served) else Served(Path(model))
+
+
 def server_cmd(
-    model: Path, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192, profile: tuple[Path, int] | None = None,
+    model, backend: str, port: int, sparse_cfg: dict | None, chunk: int = 8192, profile: tuple[Path, int] | None = None,
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """``profile``: (trace folder, engine steps to skip first): start vLLM's torch profiler, which a
-    load with ``"profile"`` turns on (``vllm bench serve --profile``) for ``PROFILED_STEPS`` steps.
-    ``extra_args``: more ``vllm serve`` arguments (a variant's ``server_args``), last so that they win."""
+    """``model``: a ``Served`` (or the synthetic model's folder). ``profile``: (trace folder, engine steps to skip
+    first): start vLLM's torch profiler, which a load with ``"profile"`` turns on (``vllm bench serve --profile``)
+    for ``PROFILED_STEPS`` steps. ``extra_args``: more ``vllm serve`` arguments (a variant's ``server_args``),
+    last so that they win."""
+    m = served(model)
     cmd = VLLM + [
-        "serve", str(model), "--port", str(port), "--attention-backend", backend,
-        "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "131072",
+        "serve", str(m.path), "--port", str(port), "--attention-backend", backend,
+        "--load-format", "auto" if m.real else "dummy", "--dtype", "bfloat16", "--max-model-len", str(m.max_model_len),
         "--max-num-batched-tokens", str(chunk), "--max-num-seqs", "16", "--no-enable-prefix-caching",
-        "--gpu-memory-utilization", "0.9", "--served-model-name", "llama8b",
+        "--gpu-memory-utilization", "0.9", "--served-model-name", m.name,
     ]  # fmt: skip
     if sparse_cfg is not None:
         cmd += ["--additional-config", json.dumps({"sparse_attention": sparse_cfg})]
@@ -203,20 +232,47 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
     raise TimeoutError(f"server not ready after {timeout} s")
 
 
-def bench_args(model: Path, port: int, load: str, out: Path, name: str) -> list[str]:
-    """The ``vllm bench serve`` arguments of one load (its result goes to ``out / name``)."""
-    spec = LOADS[load]
+def eval_prompts(model: Served, load: str, out: Path) -> Path:
+    """``out/prompts_<load>.jsonl``: the ``eval`` load's prompts for a real model, made once: ``EVAL_TASKS`` in
+    turn at the load's context (seed 0, the eval's depths), each a chat prompt with its answer begun."""
+    path = out / f"prompts_{load}.jsonl"
+    if not path.exists():
+        from transformers import AutoTokenizer
+
+        from vllm_sparse.eval.tasks import make_samples
+
+        spec = LOADS[load]
+        tok = AutoTokenizer.from_pretrained(str(model.path))
+        per_task = -(-spec["prompts"] // len(EVAL_TASKS))
+        ctx = min(spec["input"], model.max_model_len)
+        samples = [s for t in EVAL_TASKS for s in make_samples(tok, t, ctx, per_task, (0.1, 0.5, 0.9), 0)]
+        path.write_text("".join(json.dumps({"prompt": s.prompt, "task": s.task, "prompt_tokens": s.prompt_tokens}) + "\n"
+                                for s in samples[: spec["prompts"]]))  # fmt: skip
+    return path
+
+
+def bench_args(model, port: int, load: str, out: Path, name: str) -> list[str]:
+    """The ``vllm bench serve`` arguments of one load (its result goes to ``out / name``): random prompts of the
+    load's length, or (``eval`` loads, a real model only) the eval's prompts through the custom dataset."""
+    spec, m = LOADS[load], served(model)
+    if spec.get("eval"):
+        if not m.real:
+            raise SystemExit(f"load {load!r} needs a real model (--real-model)")
+        data = ["--dataset-name", "custom", "--dataset-path", str(out / f"prompts_{load}.jsonl"),
+                "--custom-output-len", str(spec["output"]), "--skip-chat-template", "--disable-shuffle"]  # fmt: skip
+    else:
+        data = ["--dataset-name", "random", "--random-input-len", str(spec["input"]),
+                "--random-output-len", str(spec["output"])]  # fmt: skip
     return [
-        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "llama8b",
-        "--tokenizer", str(model), "--dataset-name", "random", "--random-input-len", str(spec["input"]),
-        "--random-output-len", str(spec["output"]), "--num-prompts", str(spec["prompts"]),
+        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", m.name,
+        "--tokenizer", str(m.path), *data, "--num-prompts", str(spec["prompts"]),
         "--max-concurrency", str(spec["concurrency"]), "--request-rate", "inf", "--ignore-eos",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--seed", "0",
         "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", name,
     ] + (["--profile"] if spec.get("profile") else [])  # fmt: skip
 
 
-def bench_loads(model: Path, port: int, jobs: list[tuple[str, str]], out: Path, tag: str, deadline: float) -> list:
+def bench_loads(model, port: int, jobs: list[tuple[str, str]], out: Path, tag: str, deadline: float) -> list:
     """Run ``(load, result name)`` jobs in order through ``vllm bench serve``'s own entry point
     (``vllm.benchmarks.serve.main``, what the CLI calls), all in one client process: the CLI's
     start-up (imports, tokenizer) costs about 25 s per call. Loads past ``deadline`` are skipped.
@@ -290,7 +346,7 @@ def mean_of_passes(passes: list[dict]) -> dict:
 
 
 def run_backend(
-    label: str, model: Path, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1,
+    label: str, model, out: Path, loads: list[str], sparse_cfg: dict, port: int, deadline: float, repeat: int = 1,
     chunk: int = 8192, variants_declared: dict[str, dict] | None = None,
 ) -> dict:  # fmt: skip
     """One server for ``label`` (``BACKEND[+variant...]``, see ``server_settings``), every load ``repeat``
@@ -453,7 +509,9 @@ def plot(path: Path, *more: Path, png: Path | None = None) -> Path:
         ax.set_title(title, fontsize=9)
     axes[0].legend(fontsize=7)
     gpu = (data.get("gpu") or "").split("\n")[0]  # nvidia-smi lists every GPU of the host
-    fig.suptitle(f"vllm serve + vllm bench serve, {gpu}, Llama-3.1-8B shapes (random weights)", fontsize=10)
+    model = data.get("model") or "llama8b (random)"
+    what = "Llama-3.1-8B shapes (random weights)" if model.startswith("llama8b") else f"{model} (real weights)"
+    fig.suptitle(f"vllm serve + vllm bench serve, {gpu}, {what}", fontsize=10)
     fig.tight_layout()
     png = png or path.with_suffix(".png")
     fig.savefig(png, dpi=110)
@@ -479,6 +537,8 @@ def main() -> None:
     r.add_argument("--repeat-baseline", type=int, default=2, help="passes of every load on FLASH_ATTN (mean)")
     r.add_argument("--repeat", type=int, default=1, help="passes of every load on the other backends (mean)")
     r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
+    r.add_argument("--real-model", help="serve this known model (vllm_sparse.eval.models) with its real weights "
+                   "instead of the random Llama-3.1-8B; its eval loads (real16k, real32k) serve the accuracy eval's prompts")  # fmt: skip
     p = sub.add_parser("plot")
     p.add_argument("json", nargs="+", help="one serve_bench.json, or several (each against its own FLASH_ATTN)")
     p.add_argument("--png", help="output (default: beside the first JSON)")
@@ -498,13 +558,23 @@ def main() -> None:
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model(Path(args.workdir) / "llama8b_dummy")
+    if args.real_model:
+        model = Served.real_model(args.real_model)
+    else:
+        model = Served(build_model(Path(args.workdir) / "llama8b_dummy"))
     path = out / "serve_bench.json"
     doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     loads = args.loads.split(",")
+    every_load = {ld for spec in args.backends.split(",") for ld in (spec.partition("@")[2].split("/") if "@" in spec
+                                                                      else loads)}  # fmt: skip
+    for ld in sorted(every_load):
+        if LOADS[ld].get("eval"):
+            if not model.real:
+                raise SystemExit(f"load {ld!r} needs a real model (--real-model)")
+            eval_prompts(model, ld, out)
     t_start = time.monotonic()
     doc.setdefault("commands", []).append("python " + shlex.join(sys.argv))
-    doc.update(gpu=gpu_name(), versions=versions(), loads=LOADS)
+    doc.update(gpu=gpu_name(), versions=versions(), loads=LOADS, model=model.name if model.real else "llama8b (random)")
     for spec in args.backends.split(","):
         label, _, own_loads = spec.partition("@")  # LABEL@load/load: this label's loads only
         t0 = time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from serve_bench import profile_skip_steps, server_cmd, server_env, server_settings  # noqa: E402
+from serve_bench import Served, bench_args, profile_skip_steps, server_cmd, server_env, server_settings  # noqa: E402
 
 BASE = {"budget": {"fraction": 0.125}}
 VARIANTS = {"b32": {"server_args": ["--block-size", 32]}, "d8": {"layers": {"8": {"sparse_decode": False}}}}
@@ -47,3 +47,22 @@ def test_profiled_steps_start_after_every_prompt_is_prefilled():
     # 16 prompts of 16K arriving together: 256,000 prefill tokens in 32 chunks, then 8 steps decoding all 16
     assert profile_skip_steps("prof16x16k", 8192) == 32 + 8
     assert profile_skip_steps("prof16k", 2048) == 8 + 8
+
+
+def test_a_real_model_is_served_with_its_weights_and_the_eval_loads_use_its_prompts(tmp_path):
+    real = Served(Path("/models/qwen"), "qwen2.5-coder-1.5b-instruct", real=True, max_model_len=32768)
+    cmd = server_cmd(real, "sparse_compact", 8000, {"budget": {"fraction": 0.25}})
+    for flag, value in (("--load-format", "auto"), ("--max-model-len", "32768"),
+                        ("--served-model-name", "qwen2.5-coder-1.5b-instruct")):  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    assert cmd[cmd.index("serve") + 1] == "/models/qwen"
+    args = bench_args(real, 8000, "real32k", tmp_path, "x.json")
+    assert args[args.index("--dataset-name") + 1] == "custom" and "--skip-chat-template" in args
+    assert args[args.index("--dataset-path") + 1] == str(tmp_path / "prompts_real32k.jsonl")
+    assert args[args.index("--model") + 1] == "qwen2.5-coder-1.5b-instruct"
+    synthetic = server_cmd(Path("/m"), "FLASH_ATTN", 8000, None)
+    assert synthetic[synthetic.index("--load-format") + 1] == "dummy"
+    assert bench_args(real, 8000, "decode16", tmp_path, "y.json")[bench_args(real, 8000, "decode16", tmp_path,
+                                                                            "y.json").index("--dataset-name") + 1] == "random"  # fmt: skip
+    with pytest.raises(SystemExit, match="real model"):
+        bench_args(Path("/m"), 8000, "real32k", tmp_path, "z.json")
