@@ -492,8 +492,8 @@ def select_top_pages_triton(
         k_cap: the widest selection any row can ask for (``DecodeStep.select_caps``).
         chunks: programs per row (default ``split_chunks``; 1: the one-program kernel).
         fused: the split passes in one launch whose chunk programs meet at barriers
-            (``_split_fused_kernel``; default: on a GPU, never in Triton's interpreter, which runs
-            programs one after another).
+            (``_split_fused_kernel``; default: on a GPU where the grid fits at once, never in Triton's
+            interpreter, which runs programs one after another; else the five launches).
         counters: ``int32 [>= 2 * B * Hkv]`` zeros that the one-launch kernel's barriers count in
             and leave zero (``DecodeStep.topk_counters``, a persistent buffer of the metadata
             builder, so that a captured graph replays with them); None: fresh zeros per call.
@@ -521,8 +521,8 @@ def select_top_pages_triton(
     page_cap = scores.shape[1]
     chunks = chunks or split_chunks(page_cap, rows, num_sms(scores.device))
     launch = {} if num_stages is None else {"num_stages": num_stages}
-    if fused is None:
-        fused = chunks > 1 and fused_ok(scores.device)
+    if fused is None:  # (the grids serving asks for always fit: ``split_chunks``; a caller's own may not)
+        fused = chunks > 1 and fused_ok(scores.device) and rows * chunks <= num_sms(scores.device)
     if chunks > 1 or fused:
         assert quest is None, "Quest bounds are scored inside the one-program-a-row kernel only (chunks=1)"
         hist = torch.empty(rows, 32 // RADIX_BITS, chunks, 1 << RADIX_BITS, dtype=torch.int32, device=scores.device)
