@@ -66,3 +66,19 @@ def test_a_real_model_is_served_with_its_weights_and_the_eval_loads_use_its_prom
                                                                             "y.json").index("--dataset-name") + 1] == "random"  # fmt: skip
     with pytest.raises(SystemExit, match="real model"):
         bench_args(Path("/m"), 8000, "real32k", tmp_path, "z.json")
+
+
+def test_the_eval_loads_prompts_come_from_the_accuracy_eval_and_fit_the_model(tiny_llama, tmp_path):
+    import json
+
+    from serve_bench import EVAL_TASKS, LOADS, eval_prompts
+
+    model = Served(Path(tiny_llama), "tiny", real=True, max_model_len=2048)
+    path = eval_prompts(model, "real16k", tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == LOADS["real16k"]["prompts"]
+    assert [r["task"] for r in rows] == [t for t in EVAL_TASKS for _ in range(len(rows) // len(EVAL_TASKS))]
+    assert all(1500 < r["prompt_tokens"] <= 2048 for r in rows)  # the eval's length, capped by the model's
+    assert len({r["prompt"] for r in rows}) == len(rows)
+    path.write_text("kept\n")
+    assert eval_prompts(model, "real16k", tmp_path).read_text() == "kept\n"  # made once per results folder
