@@ -59,7 +59,7 @@ class Layer:
         self.value = torch.randn(b, HKV, D, device="cuda", generator=g, dtype=torch.bfloat16)
         self.out = torch.empty_like(self.query)
         self.slots = (c.block_table[:, ctx // N].long() * N + ctx % N).contiguous()  # the step's token
-        self.cfg = cfg = SparseConfig(method=method, sparse_decode=True, budget={"fraction": budget})
+        cfg = SparseConfig(method=method, sparse_decode=True, budget={"fraction": budget})
         self.dense_policy, self.policy = cfg.for_layer(0), cfg.for_layer(1)
         self.selector = make_selector(cfg, SCALE)
         seq = np.full(b, ctx + 1)

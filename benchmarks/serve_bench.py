@@ -152,12 +152,15 @@ class Served:
         path = resolve_model(name, progress=False)
         return cls(Path(path), name, True, model_max_context(path))
 
-    def __str__(self) -> str:
-        return str(self.path)
-
 
 def served(model) -> Served:
     return model if isinstance(model, Served) else Served(Path(model))
+
+
+def need_real(model: Served, load: str) -> None:
+    """Refuse an ``eval`` load on the synthetic model (its prompts need a real model's tokenizer and weights)."""
+    if LOADS[load].get("eval") and not model.real:
+        raise SystemExit(f"load {load!r} needs a real model (--real-model)")
 
 
 def server_cmd(
@@ -234,7 +237,9 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> float:
 
 def eval_prompts(model: Served, load: str, out: Path) -> Path:
     """``out/prompts_<load>.jsonl``: the ``eval`` load's prompts for a real model, made once: ``EVAL_TASKS`` in
-    turn at the load's context (seed 0, the eval's depths), each a chat prompt with its answer begun."""
+    turn at the load's context capped by the model's (seed 0, needles at depths 0.1, 0.5 and 0.9), each a chat
+    prompt with its answer begun."""
+    need_real(model, load)
     path = out / f"prompts_{load}.jsonl"
     if not path.exists():
         from transformers import AutoTokenizer
@@ -255,9 +260,8 @@ def bench_args(model, port: int, load: str, out: Path, name: str) -> list[str]:
     """The ``vllm bench serve`` arguments of one load (its result goes to ``out / name``): random prompts of the
     load's length, or (``eval`` loads, a real model only) the eval's prompts through the custom dataset."""
     spec, m = LOADS[load], served(model)
+    need_real(m, load)
     if spec.get("eval"):
-        if not m.real:
-            raise SystemExit(f"load {load!r} needs a real model (--real-model)")
         data = ["--dataset-name", "custom", "--dataset-path", str(out / f"prompts_{load}.jsonl"),
                 "--custom-output-len", str(spec["output"]), "--skip-chat-template", "--disable-shuffle"]  # fmt: skip
     else:
@@ -565,21 +569,17 @@ def main() -> None:
     path = out / "serve_bench.json"
     doc = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     loads = args.loads.split(",")
-    every_load = {ld for spec in args.backends.split(",") for ld in (spec.partition("@")[2].split("/") if "@" in spec
-                                                                      else loads)}  # fmt: skip
-    for ld in sorted(every_load):
-        if LOADS[ld].get("eval"):
-            if not model.real:
-                raise SystemExit(f"load {ld!r} needs a real model (--real-model)")
-            eval_prompts(model, ld, out)
+    plan = [(label, own.split("/") if own else loads)  # LABEL@load/load: this label's loads only
+            for label, _, own in (spec.partition("@") for spec in args.backends.split(","))]  # fmt: skip
+    for ld in sorted({ld for _, lds in plan for ld in lds if LOADS[ld].get("eval")}):
+        eval_prompts(model, ld, out)  # before any server starts (and refused on the synthetic model)
     t_start = time.monotonic()
     doc.setdefault("commands", []).append("python " + shlex.join(sys.argv))
     doc.update(gpu=gpu_name(), versions=versions(), loads=LOADS, model=model.name if model.real else "llama8b (random)")
-    for spec in args.backends.split(","):
-        label, _, own_loads = spec.partition("@")  # LABEL@load/load: this label's loads only
+    for label, label_loads in plan:
         t0 = time.monotonic()
         doc["runs"][label] = run_backend(
-            label, model, out, own_loads.split("/") if own_loads else loads, json.loads(args.sparse_config),
+            label, model, out, label_loads, json.loads(args.sparse_config),
             args.port, t_start + args.deadline, args.repeat_baseline if label == "FLASH_ATTN" else args.repeat,
             args.chunk, dict((name, json.loads(fields)) for name, fields in args.variant),
         )
