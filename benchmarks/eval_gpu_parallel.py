@@ -17,6 +17,9 @@ here). Each group
 writes ``OUT/gNN/`` and ``OUT/gNN.log``; the joined report is ``OUT/joined/``. Choose
 ``--gpu-memory-utilization`` and ``--kv-cache-gib`` so that every group's engine fits at once.
 
+``--gpus 0 1 2`` spreads the groups over several GPUs of one host: group ``i`` runs on GPU ``gpus[i % len]``
+(its ``CUDA_VISIBLE_DEVICES``), so naming a GPU twice gives it twice the groups.
+
 ``--dense-from RUN`` reuses the dense run of an earlier eval of the same prompts (same model, tasks,
 contexts, samples and seed; a folder of this script's ``gNN`` or ``joined`` kind): every group then runs
 sparse only, and the join pairs them with ``RUN``'s dense (prompt hashes checked), which saves the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -73,6 +77,14 @@ def group_command(index: int, group: tuple[list[str], list[str], str], out: Path
     return cmd if index == 0 and with_dense else [*cmd, "--sparse-only"]
 
 
+def group_env(index: int, gpus: list[str] | None) -> dict[str, str] | None:
+    """The environment of group ``index``: this process's, with ``CUDA_VISIBLE_DEVICES`` set to its GPU when
+    ``gpus`` is given (round robin), else ``None`` (inherit)."""
+    if not gpus:
+        return None
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[index % len(gpus)]}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, eval_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-from", type=Path, default=None,
                    help="an earlier eval of the same prompts whose dense run the groups are joined with "
                    "(every group then runs sparse only)")  # fmt: skip
+    p.add_argument("--gpus", nargs="+", default=None, metavar="GPU",
+                   help="CUDA devices to spread the groups over, round robin (default: the ones this process sees)")  # fmt: skip
     args = p.parse_args(ours)
     variants = {name: json.loads(fields) for name, fields in args.variant}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         log = open(args.out / f"g{i:02d}.log", "w")  # noqa: SIM115 (closed below)
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        procs.append((i, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter()))
-        print(f"group {i}: {group[0]} at {group[1]} started", flush=True)
+        env = group_env(i, args.gpus)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append((i, proc, log, time.perf_counter()))
+        where = f" on GPU {env['CUDA_VISIBLE_DEVICES']}" if env else ""
+        print(f"group {i}: {group[0]} at {group[1]} started{where}", flush=True)
         time.sleep(args.stagger_s)
     failed = []
     for i, proc, log, started in procs:

@@ -365,6 +365,56 @@ def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
         join_runs(tmp_path / "j5", main, main)
 
 
+def test_pool_adds_prompts_and_narrows_the_paired_interval(tmp_path):
+    """vllm_sparse.eval.pool: runs on other prompts, each with its dense run, pool into cells of every prompt."""
+    from vllm_sparse.eval.join import join_runs
+    from vllm_sparse.eval.pool import PoolError, pool_runs
+
+    a = _run_folder(
+        tmp_path / "a", ["DENSE", "sparse_quest"], {"DENSE": ["1", "1", "1"], "sparse_quest": ["1", "0", "1"]}
+    )
+    b = _run_folder(tmp_path / "b", ["DENSE", "sparse_quest"], {"DENSE": ["1", "1", "0"], "sparse_quest": ["1", "1", "0"]},
+                    hashes=["k0", "k1", "k2"])  # fmt: skip
+    c = _run_folder(tmp_path / "c", ["DENSE", "sparse_quest", "sparse_quoka"],
+                    {"DENSE": ["1", "1", "1"], "sparse_quest": ["0", "1", "1"], "sparse_quoka": ["1", "1", "1"]},
+                    hashes=["m0", "m1", "m2"])  # fmt: skip
+    pooled = pool_runs(tmp_path / "p", a, b, c)
+    assert [r.backend.label for r in pooled.runs] == ["DENSE", "sparse_quest", "sparse_quoka"]
+    summary = json.loads((tmp_path / "p" / "summary.json").read_text())
+    acc = {(x["backend"], x["task"]): x for x in summary["accuracy"]}
+    assert acc[("DENSE", "niah_single")]["n"] == 9 and acc[("sparse_quoka", "niah_single")]["n"] == 3
+    diffs = {d["backend"]: d for d in summary["paired_difference"] if d["task"] == "niah_single"}
+    assert diffs["sparse_quest"]["difference"] == pytest.approx(-2 / 9, abs=1e-4)
+    assert diffs["sparse_quoka"]["difference"] == 0.0
+    assert [s["dir"] for s in summary["pooled_from"]] == [str(a), str(b), str(c)]
+    assert [s["backends"] for s in summary["pooled_from"]][0] == ["DENSE", "sparse_quest"]  # the first run's own
+    assert "pooled from 3 runs on other prompts" in (tmp_path / "p" / "report.md").read_text()
+    # the pooled interval is narrower than one run's on the same differences
+    alone = json.loads((a / "summary.json").read_text())["paired_difference"][0]
+    width = lambda d: d["ci95"][1] - d["ci95"][0]  # noqa: E731
+    assert width(diffs["sparse_quest"]) < width(alone)
+
+    with pytest.raises(PoolError, match="also run"):
+        pool_runs(tmp_path / "p2", a, a)
+    with pytest.raises(PoolError, match="no dense run"):
+        pool_runs(tmp_path / "p3", a, _run_folder(tmp_path / "d", ["sparse_quest"], {"sparse_quest": ["1"] * 3},
+                                                  hashes=["n0", "n1", "n2"]))  # fmt: skip
+    with pytest.raises(PoolError, match="at least two"):
+        pool_runs(tmp_path / "p4", a)
+    # a joined folder pools like a plain run
+    joined = join_runs(tmp_path / "j", b, _run_folder(tmp_path / "e", ["sparse_kascade"],
+                                                       {"sparse_kascade": ["1"] * 3}, hashes=["k0", "k1", "k2"]))  # fmt: skip
+    assert [r.backend.label for r in joined.runs][-1] == "sparse_kascade"
+    both = pool_runs(tmp_path / "p5", a, tmp_path / "j")
+    assert {r.backend.label: len(r.records) for r in both.runs} == {"DENSE": 6, "sparse_quest": 6, "sparse_kascade": 3}
+
+
+def test_parallel_eval_spreads_groups_over_gpus():
+    par = _benchmark_module("eval_gpu_parallel")
+    assert par.group_env(3, None) is None
+    assert [par.group_env(i, ["0", "1", "1"])["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["0", "1", "1", "0"]
+
+
 def test_parallel_eval_reuses_an_earlier_dense_run(tmp_path, monkeypatch):
     """eval_gpu_parallel.py --dense-from: every group runs sparse only and is joined with the earlier run's dense."""
     from pathlib import Path
@@ -481,4 +531,9 @@ def test_variant_pairs_may_be_named(tmp_path):
     assert pv.main(args) == 2  # no default pair: +d7sd's stem is not in the base run
     assert pv.main([*args, "--pair", "sparse_q@0.25+d7sd=sparse_q@0.25+sd"]) == 0
     (row,) = [r for r in json.loads(out.read_text())["rows"] if r["task"] == "a"]
-    assert (row["variant"], row["base"], row["difference"], row["n"]) == ("sparse_q@0.25+d7sd", "sparse_q@0.25+sd", 1.0, 3)
+    assert (row["variant"], row["base"], row["difference"], row["n"]) == (
+        "sparse_q@0.25+d7sd",
+        "sparse_q@0.25+sd",
+        1.0,
+        3,
+    )

@@ -75,10 +75,12 @@ def _budget_tokens(backend, contexts) -> str:
     return ", ".join(f"{c}: {budget.tokens(c)}" for c in contexts)
 
 
-def markdown(result, table: dict, machine: dict, command: str, dense_reruns: list[dict] | None = None) -> str:
+def markdown(result, table: dict, machine: dict, command: str, dense_reruns: list[dict] | None = None,
+             pooled_from: list[dict] | None = None) -> str:  # fmt: skip
     """The report: header (model, machine, command, timings) and the dense-beside-sparse table.
 
     ``dense_reruns``: a joined run's other dense runs, compared output by output with its reference (``join``).
+    ``pooled_from``: the runs on other prompts that a pooled report holds (``pool``), with their seeds and samples.
     """
     runs = result.runs
     dense = next((r.backend.label for r in runs if not r.backend.is_sparse), None)
@@ -96,9 +98,27 @@ def markdown(result, table: dict, machine: dict, command: str, dense_reruns: lis
         ),
         f"- command: `{command}`",
         (
-            f"- samples per task and context: {cfg.samples}; depths {list(cfg.depths)}; seed {cfg.seed}; "
-            f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
+            (
+                "- samples and seeds: as pooled below; "
+                if pooled_from
+                else f"- samples per task and context: {cfg.samples}; "
+            )
+            + f"depths {list(cfg.depths)}; "
+            + ("" if pooled_from else f"seed {cfg.seed}; ")
+            + f"greedy; dtype {cfg.dtype}; block size {cfg.block_size}; "
             f"max_num_batched_tokens {cfg.max_num_batched_tokens}; haystack: {', '.join(hay)}"
+        ),
+        *(
+            [
+                f"- pooled from {len(pooled_from)} runs on other prompts: "
+                + "; ".join(
+                    f"seed {p['seed']}, {p['samples']} samples at {', '.join(map(str, p['contexts']))}"
+                    for p in pooled_from
+                )
+                + " (cells count every prompt they hold)"
+            ]
+            if pooled_from
+            else []
         ),
         *(
             [
@@ -244,7 +264,8 @@ def write_report(result, machine: dict[str, Any] | None = None, extra: dict[str,
         **(extra or {}),
     }
     files["summary"].write_text(json.dumps(summary, indent=1) + "\n")
-    result.markdown = markdown(result, table, machine, command, (extra or {}).get("dense_reruns"))
+    extra = extra or {}
+    result.markdown = markdown(result, table, machine, command, extra.get("dense_reruns"), extra.get("pooled_from"))
     files["markdown"].write_text(result.markdown)
     if importlib.util.find_spec("matplotlib") is None:
         logger.warning("matplotlib is not installed: no PNG plots (re-render later with `%s`)", RERENDER_HINT)
@@ -297,7 +318,9 @@ def rerender(out_dir: str | os.PathLike[str]) -> dict[str, str]:
     records = [rec for r in result.runs for rec in r.records]
     table = accuracy_table(records)
     out = Path(out_dir)
-    result.markdown = markdown(result, table, summary["machine"], summary["command"], summary.get("dense_reruns"))
+    result.markdown = markdown(
+        result, table, summary["machine"], summary["command"], summary.get("dense_reruns"), summary.get("pooled_from")
+    )
     (out / "report.md").write_text(result.markdown)
     plot_context(result, table, out / "accuracy_vs_context.png")
     plot_budget(result, table, out / "accuracy_vs_budget.png")
