@@ -249,3 +249,55 @@ def test_capture_chunked_equals_whole(tiny_llama):
     assert whole.decode_token == chunked.decode_token
     for a, b in zip(whole.keys + whole.queries, chunked.keys + chunked.queries, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_capture_decode_steps_follow_the_greedy_answer(tiny_llama):
+    """``decode_steps`` feeds back each greedy token: the keys and queries at the decode positions are
+    those of one pass over the prompt plus the answer so far, and the tokens those of greedy decoding."""
+    from vllm_sparse.eval.capture import capture, load_model
+
+    model, tok = load_model(tiny_llama, torch.float32)
+    ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 6, add_special_tokens=False)
+    t = len(ids)
+    steps = capture(model, ids, keep_from=100, chunk_size=64, cache_dtype=torch.float32, progress=False,
+                    decode_steps=4)  # fmt: skip
+    assert len(steps.decode_tokens) == 4 and steps.decode_token == steps.decode_tokens[0]
+    assert steps.keys[0].shape[0] == t + 4 and steps.queries[0].shape[0] == t + 4 - 100
+    # one pass over prompt + the first three answer tokens, then its own decode step: the same tensors
+    once = capture(model, ids + steps.decode_tokens[:3], keep_from=100, chunk_size=4096, cache_dtype=torch.float32,
+                   progress=False)  # fmt: skip
+    assert once.decode_token == steps.decode_tokens[3]
+    for a, b in zip(steps.keys + steps.queries, once.keys + once.queries, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, t:].tolist()
+    assert steps.decode_tokens == greedy
+    with pytest.raises(ValueError, match="decode_steps"):
+        capture(model, ids, keep_from=100, decode_steps=0, progress=False)
+
+
+def test_step_inputs_and_records_of_later_decode_steps():
+    """``step_inputs`` gives each captured decode token its own step (``decode``, ``decode+1``, ...) over
+    the keys up to it; their records carry the step, and the engine decodes them dense where a layer's
+    ``sparse_decode`` is off, as for the first decode token."""
+    from types import SimpleNamespace
+
+    from vllm_sparse.eval.recall_run import step_inputs
+
+    t, start, extra = 900, 896, 3
+    q, k = _qk(t + extra, t + extra - start)
+    cap = SimpleNamespace(queries=[q], keys=[k])
+    got = step_inputs(cap, 0, t=t, start=start)
+    assert list(got) == ["prefill", "decode", "decode+1", "decode+2"]
+    assert got["prefill"][0].shape[0] == t - start and got["prefill"][1].shape[0] == t
+    for j, name in enumerate(["decode", "decode+1", "decode+2"]):
+        dq, dk = got[name]
+        assert dq.shape[0] == 1 and dk.shape[0] == t + j + 1
+        torch.testing.assert_close(dq, q[t - start + j : t - start + j + 1])
+    configs = {(0.25, "quest"): _config("quest", layers={1: {"sparse_decode": False}})}
+    dq, dk = got["decode+2"]
+    steps = {"decode+2": (dq, dk, {"decode_answer": dense_page_mass(dq, dk, (t + 2) // N, N, SCALE)})}
+    (sparse,) = measure_layer(configs, 2, steps, torch.tensor([5]), N, SCALE)
+    (dense,) = measure_layer(configs, 1, steps, torch.tensor([5]), N, SCALE)
+    assert (sparse["phase"], sparse["step"], sparse["engine_dense"]) == ("decode_answer", "decode+2", False)
+    assert dense["engine_dense"] and sparse["past_pages"] == (t + 2) // N

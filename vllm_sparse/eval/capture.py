@@ -1,16 +1,17 @@
 """Capture a model's post-RoPE queries and keys on one prompt, with transformers on the CPU.
 
 The prompt runs as vLLM's chunked prefill runs it (chunks of ``chunk_size`` tokens from position 0,
-each attending to the cache of the ones before), then one greedy decode step: the token the model
-answers first is fed back, so its query is a real decode query (position ``T``, ``T + 1`` keys).
+each attending to the cache of the ones before), then ``decode_steps`` greedy decode steps: each token
+the model answers is fed back, so the queries at positions ``T .. T + decode_steps - 1`` are real decode
+queries along the model's own (dense) answer, the first one over ``T + 1`` keys.
 
 A custom attention function (transformers' ``AttentionInterface``, registered as
 ``vllm_sparse_capture``) sees every layer's queries after RoPE and the keys after the cache update,
 records what the recall measure needs and hands the call to SDPA, so the model computes as before:
 
-* ``keys[layer]``: ``[T + 1, Hkv, D]`` every key of the prompt and of the decode token;
-* ``queries[layer]``: ``[T + 1 - keep_from, Hq, D]`` the queries from position ``keep_from`` on
-  (the last prefill chunk and the decode token; earlier queries are not kept, to save memory).
+* ``keys[layer]``: ``[T + S, Hkv, D]`` every key of the prompt and of the ``S`` decode tokens;
+* ``queries[layer]``: ``[T + S - keep_from, Hq, D]`` the queries from position ``keep_from`` on
+  (the last prefill chunk and the decode tokens; earlier queries are not kept, to save memory).
 
 Tensors are rounded to ``cache_dtype`` (vLLM keeps K in the model dtype, bfloat16 in the eval) and
 kept as float32.
@@ -18,7 +19,7 @@ kept as float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,12 +31,13 @@ class Capture:
     """What one prompt left behind.
 
     Attributes:
-        queries: per layer ``float32 [T + 1 - keep_from, Hq, D]``, position ``keep_from + i``.
-        keys: per layer ``float32 [T + 1, Hkv, D]``.
+        queries: per layer ``float32 [T + S - keep_from, Hq, D]``, position ``keep_from + i``.
+        keys: per layer ``float32 [T + S, Hkv, D]``.
         keep_from: position of ``queries[l][0]``.
-        prompt_len: ``T``; position ``T`` is the decode token.
+        prompt_len: ``T``; positions ``T .. T + S - 1`` are the decode tokens.
         decode_token: the token id the model answered first (greedy).
         scale: the layers' softmax scale.
+        decode_tokens: the ``S`` token ids fed at the decode positions (greedy), the first one ``decode_token``.
     """
 
     queries: list[torch.Tensor]
@@ -44,6 +46,7 @@ class Capture:
     prompt_len: int
     decode_token: int
     scale: float
+    decode_tokens: list[int] = field(default_factory=list)
 
 
 class _Recorder:
@@ -99,14 +102,17 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, name: str = ATTENT
 
 @torch.no_grad()
 def capture(model, ids: list[int], keep_from: int, chunk_size: int = 2048,
-            cache_dtype: torch.dtype = torch.bfloat16, progress: bool = True) -> Capture:  # fmt: skip
-    """Run ``ids`` (``T`` prompt tokens) in chunks of ``chunk_size``, then one greedy decode step.
+            cache_dtype: torch.dtype = torch.bfloat16, progress: bool = True, decode_steps: int = 1) -> Capture:  # fmt: skip
+    """Run ``ids`` (``T`` prompt tokens) in chunks of ``chunk_size``, then ``decode_steps`` greedy decode steps.
 
     Args:
         model: from :func:`load_model`.
         ids: the prompt's token ids.
         keep_from: first position whose queries are kept (e.g. the last chunk's start).
+        decode_steps: answer tokens fed back one at a time (``>= 1``).
     """
+    if decode_steps < 1:
+        raise ValueError(f"decode_steps must be at least 1, got {decode_steps}")
     from tqdm.auto import tqdm
     from transformers import DynamicCache
 
@@ -121,9 +127,12 @@ def capture(model, ids: list[int], keep_from: int, chunk_size: int = 2048,
             chunk = torch.tensor([ids[start : start + chunk_size]])
             out = model(input_ids=chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits
-        token = int(logits[0, -1].argmax())
-        rec.offset = len(ids)
-        model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        fed = []
+        for step in range(decode_steps):
+            fed.append(int(logits[0, -1].argmax()))
+            rec.offset = len(ids) + step
+            logits = model(input_ids=torch.tensor([[fed[-1]]]), past_key_values=cache, use_cache=True,
+                           logits_to_keep=1).logits  # fmt: skip
     finally:
         _ACTIVE.remove(rec)
     layers = sorted(rec.keys)
@@ -132,6 +141,7 @@ def capture(model, ids: list[int], keep_from: int, chunk_size: int = 2048,
         keys=[rec.keys[i].to(cache_dtype).float() for i in layers],
         keep_from=keep_from,
         prompt_len=len(ids),
-        decode_token=token,
+        decode_token=fed[0],
         scale=rec.scale,
+        decode_tokens=fed,
     )

@@ -30,7 +30,7 @@ def add_recall_parser(subparsers) -> argparse.ArgumentParser:
         "recall",
         help="share of dense attention mass each selector's pages cover, per layer (CPU, transformers)",
         description="Capture a model's post-RoPE queries and keys on the eval tasks' prompts (chunked prefill, "
-        "then one decode step) and measure, per layer, budget and method, the dense attention mass on the pages "
+        "then --decode-steps greedy decode steps) and measure, per layer, budget and method, the dense attention mass on the pages "
         "the selector attends beside the oracle's at the same page count; write recall.json, tables.md and "
         "PNG plots into --out.",
     )
@@ -48,6 +48,8 @@ def add_recall_parser(subparsers) -> argparse.ArgumentParser:
                    "'quoka_w64=quoka:{\"chunk_query_window\": 64}' or "
                    "'kascade_w64=kascade:{\"chunk_query_window\": 64}' (repeatable)")  # fmt: skip
     p.add_argument("--budgets", nargs="+", type=float, default=list(d.budgets))
+    p.add_argument("--decode-steps", type=int, default=d.decode_steps,
+                   help="greedy answer tokens to measure at decode (1: the first; more add the decode_answer phase)")  # fmt: skip
     p.add_argument("--page-size", type=int, default=d.page_size)
     p.add_argument("--chunk-size", type=int, default=d.chunk_size, help="prefill chunk (max_num_batched_tokens)")
     p.add_argument("--dtype", default=d.dtype)
@@ -68,7 +70,7 @@ def run_recall_command(args: argparse.Namespace) -> int:
     cfg = RecallConfig(
         model=args.model, tasks=tuple(args.tasks), contexts=tuple(args.contexts), samples=args.samples,
         depths=tuple(args.depths), seed=args.seed, methods=tuple(args.methods), variants=dict(args.variant),
-        budgets=tuple(args.budgets), page_size=args.page_size, chunk_size=args.chunk_size, dtype=args.dtype,
+        budgets=tuple(args.budgets), decode_steps=args.decode_steps, page_size=args.page_size, chunk_size=args.chunk_size, dtype=args.dtype,
         sparse_config=args.sparse_config, out_dir=args.out, progress=not args.no_progress,
         command=" ".join(shlex.quote(a) for a in ["vllm-sparse", *argv]),
     )  # fmt: skip

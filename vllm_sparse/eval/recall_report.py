@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vllm_sparse.eval.recall_run import PHASES
+
 METRICS = ("recall", "oracle", "selectable", "oracle_selectable")
 
 
@@ -170,7 +172,7 @@ def plot(result: dict[str, Any], ctx: int, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     layers = per_layer([r for r in result["records"] if r["context"] == ctx])
-    phases = [p for p in ("prefill", "prefill_last", "decode") if any(k[1] == p for k in layers)]
+    phases = [p for p in PHASES if any(k[1] == p for k in layers)]
     budgets = sorted({k[2] for k in layers})
     methods = list(dict.fromkeys(k[3] for k in layers))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

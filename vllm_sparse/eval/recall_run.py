@@ -8,7 +8,10 @@ the oracle's at the same page counts, in three phases:
 * ``prefill``: the prompt's last chunk (every query of it), with the chunk's selection;
 * ``prefill_last``: the last query of that chunk (the prompt's last token, whose output is the first
   answer token), with the same selection;
-* ``decode``: the first decode token, with its own selection.
+* ``decode``: the first decode token, with its own selection;
+* ``decode_answer`` (with ``decode_steps > 1``): each later decode token of the model's own greedy
+  answer, each with its own selection (records carry ``step``: ``decode+1``, ``decode+2``, ...), so
+  the measure follows the answer where a multi-value or variable-tracking answer loses its later items.
 
 One record per (prompt, phase, budget, method, layer); ``engine_dense`` marks the records whose
 layer and step the engine runs dense (dense layers, QuoKA's dense decode), measured anyway.
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
     from vllm_sparse.config import SparseConfig
 
-PHASES = ("prefill", "prefill_last", "decode")
+PHASES = ("prefill", "prefill_last", "decode", "decode_answer")
 
 
 @dataclass
@@ -52,6 +55,7 @@ class RecallConfig:
     # name -> (method, further sparse_attention fields), e.g. {"quoka_w64": ("quoka", {"chunk_query_window": 64})}
     variants: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     budgets: Sequence[float] = (0.125, 0.25)
+    decode_steps: int = 1  # greedy answer tokens measured (1: the first decode token only)
     page_size: int = 16
     chunk_size: int = 2048
     dtype: str = "bfloat16"
@@ -163,12 +167,13 @@ def measure_layer(configs: dict, layer: int, steps: dict[str, tuple], needle: to
             choice = select(config, layer, q, keys, page_size, scale, anchor)
             plan = choice.plan  # (not sparse: the budget covers the context, every past page is forced)
             counts = [int(s.numel()) for s in choice.selected]
-            engine_dense = policy.dense or (step == "decode" and not policy.sparse_decode) or not plan.sparse
+            decoding = step.startswith("decode")
+            engine_dense = policy.dense or (decoding and not policy.sparse_decode) or not plan.sparse
             for phase, mass in masses.items():
                 oracle = oracle_pages(mass, choice.forced_past, counts)
                 rec, orc = covered(mass, choice.forced_past, choice.selected), covered(mass, choice.forced_past, oracle)
                 out.append({
-                    "phase": phase, "budget": budget, "method": name, "base_method": config.method, "layer": layer,
+                    "phase": phase, "step": step, "budget": budget, "method": name, "base_method": config.method, "layer": layer,
                     "dense_layer": bool(policy.dense), "engine_dense": bool(engine_dense), "past_pages": plan.num_past_pages,
                     "forced_pages": int(choice.forced_past.numel()), "selected_pages": counts,
                     "recall": round(float(rec.mean()), 5), "oracle": round(float(orc.mean()), 5),
@@ -184,9 +189,14 @@ def measure_layer(configs: dict, layer: int, steps: dict[str, tuple], needle: to
 def step_inputs(cap, layer: int, t: int, start: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``layer``'s captured ``{step: (queries, keys)}`` of a ``t``-token prompt whose last prefill
     chunk starts at ``start``: ``prefill``, the chunk's ``[t - start, Hq, D]`` and keys ``[t, Hkv, D]``;
-    ``decode``, the decode token's ``[1, Hq, D]`` and keys ``[t + 1, Hkv, D]``."""
+    ``decode``, the first decode token's ``[1, Hq, D]`` and keys ``[t + 1, Hkv, D]``; ``decode+j``
+    (``j >= 1``, one per further decode token captured), its ``[1, Hq, D]`` and keys ``[t + j + 1, Hkv, D]``."""
     q, k = cap.queries[layer], cap.keys[layer]
-    return {"prefill": (q[: t - start], k[:t]), "decode": (q[t - start :], k[: t + 1])}
+    out = {"prefill": (q[: t - start], k[:t])}
+    for j in range(q.shape[0] - (t - start)):
+        row = t - start + j
+        out["decode" if j == 0 else f"decode+{j}"] = (q[row : row + 1], k[: t + j + 1])
+    return out
 
 
 def check_configs(configs: dict, num_layers: int, num_kv_heads: int | None) -> None:
@@ -210,8 +220,8 @@ def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallC
     t = len(ids)
     start = ((t - 1) // cfg.chunk_size) * cfg.chunk_size  # the last prefill chunk, as vLLM chunks
     t0 = time.perf_counter()
-    cap = capture(model, ids, keep_from=start, chunk_size=cfg.chunk_size,
-                  cache_dtype=getattr(torch, cfg.dtype), progress=cfg.progress)  # fmt: skip
+    cap = capture(model, ids, keep_from=start, chunk_size=cfg.chunk_size, cache_dtype=getattr(torch, cfg.dtype),
+                  progress=cfg.progress, decode_steps=cfg.decode_steps)  # fmt: skip
     capture_s = time.perf_counter() - t0
     n = cfg.page_size
     needle = needle_pages(tokenizer, sample, n)
@@ -220,20 +230,27 @@ def measure_prompt(model, tokenizer, sample: Sample, configs: dict, cfg: RecallC
     anchors = AnchorMasses(inputs, len(cap.keys), n, cap.scale)
     for layer in tqdm(range(len(cap.keys)), desc="layers", disable=not cfg.progress, leave=False):
         layer_inputs = inputs(layer)
-        (chunk_q, chunk_k), (dec_q, dec_k) = layer_inputs["prefill"], layer_inputs["decode"]
+        chunk_q, chunk_k = layer_inputs.pop("prefill")
         steps = {
             "prefill": (chunk_q, chunk_k, {
                 "prefill": dense_page_mass(chunk_q, chunk_k, start // n, n, cap.scale),
                 "prefill_last": dense_page_mass(chunk_q[-1:], chunk_k, start // n, n, cap.scale),
             }),
-            "decode": (dec_q, dec_k, {"decode": dense_page_mass(dec_q, dec_k, t // n, n, cap.scale)}),
         }  # fmt: skip
+        for step, (dec_q, dec_k) in layer_inputs.items():  # decode, decode+1, ...: the query at dec_k's last key
+            phase = "decode" if step == "decode" else "decode_answer"
+            steps[step] = (
+                dec_q,
+                dec_k,
+                {phase: dense_page_mass(dec_q, dec_k, (dec_k.shape[0] - 1) // n, n, cap.scale)},
+            )
         records += measure_layer(configs, layer, steps, needle, n, cap.scale, anchors)
     info = {
         "task": sample.task, "context": sample.context, "index": sample.index, "depth": sample.depth,
         "prompt_tokens": t, "prompt_hash": sample.prompt_hash, "expected": list(sample.expected),
         "last_chunk": [start, t], "needle_pages": needle.tolist(),
-        "first_token": tokenizer.decode([cap.decode_token]), "capture_s": round(capture_s, 1),
+        "first_token": tokenizer.decode([cap.decode_token]), "answer": tokenizer.decode(cap.decode_tokens),
+        "capture_s": round(capture_s, 1),
     }  # fmt: skip
     return info, records
 
