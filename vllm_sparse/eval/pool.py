@@ -20,11 +20,10 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from vllm_sparse.eval.cells import sample_id
-from vllm_sparse.eval.report import load_result, write_report
+from vllm_sparse.eval.report import load_result, samples_of, write_report
 
 SAME_CONFIG = ("model", "tasks", "dtype", "block_size", "max_num_batched_tokens")
 
@@ -122,10 +121,7 @@ def pool_runs(out_dir: str | Path, *run_dirs: str | Path, command: str | None = 
     main.config.backends = [r.backend for r in main.runs]
     main.config.contexts = sorted({c for res in results for c in res.config.contexts})
     main.config.out_dir = str(out_dir)
-    dense_records = next(r for r in main.runs if not r.backend.is_sparse).records
-    main.samples = [
-        SimpleNamespace(task=r["task"], context=r["context"], haystack=r["haystack"]) for r in dense_records
-    ]
+    main.samples = samples_of(next(r for r in main.runs if not r.backend.is_sparse).records)
     pooled_cmd = command or "python -m vllm_sparse.eval.pool " + " ".join(
         shlex.quote(str(p)) for p in (out_dir, *run_dirs)
     )

@@ -268,6 +268,8 @@ def run_recall(cfg: RecallConfig) -> dict[str, Any]:
     from vllm_sparse.eval.report import machine_info
     from vllm_sparse.eval.tasks import make_samples
 
+    if cfg.decode_steps < 1:  # refused before the model loads, not at the first prompt's capture
+        raise ValueError(f"decode_steps must be at least 1, got {cfg.decode_steps}")
     t0 = time.perf_counter()
     path = resolve_model(cfg.model, progress=cfg.progress)
     yaml_path = Path(cfg.sparse_config) if cfg.sparse_config else (match_shipped_config(cfg.model) or (None,))[0]

@@ -283,8 +283,6 @@ def load_result(out_dir: str | os.PathLike[str]):
     Used to re-render the markdown and the plots on another machine (for example after a GPU run
     whose host had no matplotlib).
     """
-    from types import SimpleNamespace
-
     from vllm_sparse.eval.runner import Backend, BackendRun, EvalConfig, EvalResult
 
     out = Path(out_dir)
@@ -303,9 +301,14 @@ def load_result(out_dir: str | os.PathLike[str]):
         )
         mine = [r for r in records if r["backend"] == entry["label"]]
         runs.append(BackendRun(backend, mine, entry["engine_start_s"], entry["generate_s"], entry["page_counters"]))
-    first = runs[0].records if runs else []
-    samples = [SimpleNamespace(task=r["task"], context=r["context"], haystack=r["haystack"]) for r in first]
-    return EvalResult(config, summary["model_path"], samples, runs)
+    return EvalResult(config, summary["model_path"], samples_of(runs[0].records if runs else []), runs)
+
+
+def samples_of(records: list[dict[str, Any]]) -> list:
+    """What a report needs of each sample (task, context, haystack), from one backend's records."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(task=r["task"], context=r["context"], haystack=r["haystack"]) for r in records]
 
 
 def rerender(out_dir: str | os.PathLike[str]) -> dict[str, str]:
