@@ -61,6 +61,10 @@ LOADS = {
     # tracking, code), one at a time: TTFT where attention is what a real model computes, not random weights'
     "real16k": {"input": 16384, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
     "real32k": {"input": 32768, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
+    # decode on real weights: 16 such prompts together, 128 new tokens each, 256 short of 32K to leave room for them
+    # (what a selector keeps at decode follows the model's attention; random weights keep nearly every candidate of
+    # Twilight's top-p)
+    "real32k_x16": {"input": 32512, "output": 128, "prompts": 16, "concurrency": 16, "eval": True},
     # past a model's trained window with ``--real-model NAME@yarn4`` (``vllm_sparse.eval.rope_variant``): a real
     # model's attention at 64K and 128K, where random weights keep every block of compact and every page is as heavy
     "real64k": {"input": 65536, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},
@@ -546,7 +550,7 @@ def main() -> None:
     r.add_argument("--repeat", type=int, default=1, help="passes of every load on the other backends (mean)")
     r.add_argument("--deadline", type=float, default=1e9, help="seconds; later loads are skipped (and listed)")
     r.add_argument("--real-model", help="serve this known model (vllm_sparse.eval.models) with its real weights "
-                   "instead of the random Llama-3.1-8B; its eval loads (real16k, real32k) serve the accuracy eval's prompts")  # fmt: skip
+                   "instead of the random Llama-3.1-8B; its eval loads (real16k, real32k, real32k_x16, real64k, real128k) serve the accuracy eval's prompts")  # fmt: skip
     p = sub.add_parser("plot")
     p.add_argument("json", nargs="+", help="one serve_bench.json, or several (each against its own FLASH_ATTN)")
     p.add_argument("--png", help="output (default: beside the first JSON)")

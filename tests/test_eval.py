@@ -13,9 +13,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from vllm_sparse.config import resolve_config
 from vllm_sparse.eval import tasks
 from vllm_sparse.eval.haystack import generated_sentences, load_haystack, split_sentences
 from vllm_sparse.eval.models import UnknownModelError
@@ -145,6 +147,18 @@ def test_default_backends():
         "sparse_attention": {"dense_below_tokens": 0, "budget": {"fraction": 0.125, "min_tokens": 512}}
     }
     assert b[0].additional_config() == {} and b[0].budget is None and b[2].budget == 0.25
+    # no min_tokens given: the inline config's (a variant's) stays, else none is set and the model's config decides
+    kept = default_backends(methods=["quest"], budgets=(0.25,), extra={"budget": {"min_tokens": 3072}})
+    assert kept[1].additional_config()["sparse_attention"]["budget"] == {"min_tokens": 3072, "fraction": 0.25}
+    assert default_backends(methods=["quest"], budgets=(0.25,))[1].additional_config() == {
+        "sparse_attention": {"budget": {"fraction": 0.25}}
+    }
+    # so an eval of a shipped config runs that config's floor (the 1.5B's 3072), and --min-tokens still wins
+    shipped = str(Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-1.5b-instruct.yaml")
+    for given, floor in ((None, 3072), (512, 512)):
+        b = default_backends(methods=["quest"], budgets=(0.25,), min_tokens=given, extra={"config": shipped})[1]
+        budget = resolve_config("quest", additional_config=b.additional_config()).config.budget
+        assert (budget.fraction, budget.min_tokens) == (0.25, floor)
 
 
 def test_clear_errors_before_any_engine(tiny_llama, tmp_path):

@@ -44,7 +44,12 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="+", default=None, help="sparse methods (default: every implemented one)")
     p.add_argument("--budgets", nargs="+", type=float, default=[0.125, 0.25], help="budget fractions")
-    p.add_argument("--min-tokens", type=int, default=1024, help="budget min_tokens of every sparse backend")
+    p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=None,
+        help="budget min_tokens of every sparse backend (default: the --sparse-config's or the model config's)",
+    )
     p.add_argument(
         "--sparse-config",
         default=None,

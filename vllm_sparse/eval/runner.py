@@ -88,7 +88,7 @@ def implemented_methods() -> tuple[str, ...]:
 def default_backends(
     methods: Sequence[str] | None = None,
     budgets: Sequence[float] = (0.125, 0.25),
-    min_tokens: int = 1024,
+    min_tokens: int | None = None,
     extra: dict[str, Any] | None = None,
     dense: str | None = None,
 ) -> list[Backend]:
@@ -97,7 +97,8 @@ def default_backends(
     Args:
         methods: sparse methods (default: every implemented one).
         budgets: budget fractions of the context.
-        min_tokens: the budget's ``min_tokens``.
+        min_tokens: the budget's ``min_tokens``; None sets none, so that ``extra``'s (a variant's) or the model's
+            config's holds (the schema's 1024 where neither sets one).
         extra: further ``sparse_attention`` fields for every sparse backend (e.g. ``dense_below_tokens``).
         dense: the dense backend's name (default: :func:`dense_backend_name`).
     """
@@ -109,10 +110,10 @@ def default_backends(
     out = [Backend(dense or dense_backend_name(), dense or dense_backend_name())]
     for m in methods:
         for b in budgets:
-            cfg = {
-                **(extra or {}),
-                "budget": {**(extra or {}).get("budget", {}), "fraction": b, "min_tokens": min_tokens},
-            }
+            budget = {**(extra or {}).get("budget", {}), "fraction": b}
+            if min_tokens is not None:
+                budget["min_tokens"] = min_tokens
+            cfg = {**(extra or {}), "budget": budget}
             out.append(Backend(f"sparse_{m}@{b:g}", f"sparse_{m}", cfg))
     return out
 
