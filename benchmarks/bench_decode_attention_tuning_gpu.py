@@ -7,13 +7,14 @@ dense decode over the same rows' whole context (the bandwidth it reaches is the 
 stages and programs per SM (``splits``; the ``splits`` grid: 1-3 splits per row exactly) on the pages a 1/8 (Quest) and a 1/4 (Twilight's candidates) selection attends, so
 the defaults can follow the measurement.
 
-Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 or ``--page-size``). Every case is
+Llama-3.1-8B layer shapes (32 query heads, 8 KV heads, d 128, bf16, pages of 16 or ``--page-size``; ``--heads 12:2``
+for Qwen2.5-Coder-1.5B's). Every case is
 captured in a CUDA graph and its replays timed with CUDA events (median of ``--reps``, L2 flushed
 before each, ``gpu_timing.Timer``).
 
     python benchmarks/bench_decode_attention_tuning_gpu.py --out FILE [--reps 30] [--grid launch|default]
         [--page-size 32] [--selection random|first] [--flush write|read|none] [--chain 16]
-        (--grid: launch, wide, default or splits)
+        (--grid: launch, wide, default, per_sm or splits)
 
 Beside the sweep, vLLM's FlashAttention (FA3) runs the same sparse rows as paged sequences of
 one KV head (``flash_attn_sparse_rows_splits*``): what a decode path through FlashAttention
@@ -53,6 +54,8 @@ GRIDS = {
     "launch": ([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4]),
     "wide": ([64, 128], [4, 8], [2, 3, 4], [1, 2, 4, 8]),  # long dense rows: larger tiles, more programs
     "default": ([BLOCK_N], [4], [3], [2]),
+    # serving's tile and launch with 1, 2 and 4 programs per SM (4: what ``num_splits`` takes for at most 32 rows)
+    "per_sm": ([BLOCK_N], [4], [3], [1, 2, 4]),
     # a negative count is that many splits per row exactly, whatever the rows (session 27 ran it with a variant whose
     # single split wrote the output without the merge, not kept: gpu_session27/README.md)
     "splits": ([64, 128], [4, 8], [3], [-1, -2, -3]),
@@ -213,7 +216,7 @@ def case(
 
 
 def main() -> None:
-    global N
+    global N, HQ, HKV
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--reps", type=int, default=30)
@@ -224,6 +227,7 @@ def main() -> None:
         + ",".join(f"{b}:{c}:{f}" for b, c, f in CASES),
     )
     ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
+    ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="QUERY_HEADS:KV_HEADS (Qwen2.5-Coder-1.5B: 12:2)")
     ap.add_argument("--flush", choices=FLUSH_MODES, default="write", help="how the L2 is emptied (gpu_timing)")
     ap.add_argument(
         "--chain",
@@ -242,6 +246,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     N = bench_decode_select_gpu.N = args.page_size
+    HQ, HKV = bench_decode_select_gpu.HQ, bench_decode_select_gpu.HKV = tuple(int(x) for x in args.heads.split(":"))
     cases = CASES
     if args.cases:
         cases = [(int(b), int(c), float(f)) for b, c, f in (x.split(":") for x in args.cases.split(","))]
@@ -260,6 +265,7 @@ def main() -> None:
         "reps": args.reps,
         "grid": args.grid,
         "page_size": N,
+        "heads": {"query": HQ, "kv": HKV, "head_dim": D},
         "selection": args.selection,
         "chain": args.chain,
         "cases": [case(timer, b, ctx, f, args.grid, args.selection, args.chain) for b, ctx, f in cases],
