@@ -161,6 +161,18 @@ def test_default_backends():
         assert (budget.fraction, budget.min_tokens) == (0.25, floor)
 
 
+def test_report_states_the_budget_the_config_file_sets(tmp_path):
+    from vllm_sparse.eval.report import _budget_tokens
+
+    shipped = str(Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-1.5b-instruct.yaml")
+    inline = {"config": shipped, "budget": {"fraction": 0.25}}
+    assert _budget_tokens(Backend("q", "sparse_quest", inline), [8192, 32768]) == "8192: 3072, 32768: 8192"
+    # a run made elsewhere: its file is not here, so the inline budget alone, said so
+    gone = {"config": str(tmp_path / "gone.yaml"), "budget": {"fraction": 0.25}}
+    assert _budget_tokens(Backend("q", "sparse_quest", gone), [8192]).startswith("8192: 2048 (inline budget")
+    assert _budget_tokens(Backend("q", "sparse_quest", {"budget": {"fraction": 0.25}}), [8192]) == "8192: 2048"
+
+
 def test_clear_errors_before_any_engine(tiny_llama, tmp_path):
     with pytest.raises(UnknownModelError):
         run_eval(EvalConfig(model="no-such-model", out_dir=str(tmp_path)))

@@ -65,14 +65,23 @@ def machine_info() -> dict[str, Any]:
 
 
 def _budget_tokens(backend, contexts) -> str:
-    """``4096: 1024, 8192: 1024``: the budget in tokens at each context (min/max clamps applied)."""
-    from vllm_sparse.config import Budget
+    """``4096: 1024, 8192: 1024``: the budget in tokens at each context (min/max clamps applied), from the
+    backend's inline config over its ``config`` file where that file is still where the run read it (else the
+    inline budget alone, marked so: the file's ``min_tokens`` or ``max_tokens`` may differ)."""
+    from vllm_sparse.config import ADDITIONAL_CONFIG_KEY, Budget, method_of_backend, resolve_config
 
+    sparse = backend.sparse or {}
+    note = ""
     try:
-        budget = Budget(**(backend.sparse or {}).get("budget", {}))
-    except ValueError:
-        return "?"
-    return ", ".join(f"{c}: {budget.tokens(c)}" for c in contexts)
+        extra = {ADDITIONAL_CONFIG_KEY: sparse}
+        budget = resolve_config(method_of_backend(backend.name), additional_config=extra).config.budget
+    except ValueError:  # the file is gone (a run made on another machine), or no sparse backend
+        try:
+            budget = Budget(**sparse.get("budget", {}))
+        except ValueError:
+            return "?"
+        note = " (inline budget; its config file was not found here)" if "config" in sparse else ""
+    return ", ".join(f"{c}: {budget.tokens(c)}" for c in contexts) + note
 
 
 def markdown(result, table: dict, machine: dict, command: str, dense_reruns: list[dict] | None = None,
