@@ -13,16 +13,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from vllm_sparse.config import resolve_config
+from vllm_sparse.config import SHIPPED_DIR, resolve_config
 from vllm_sparse.eval import tasks
 from vllm_sparse.eval.haystack import generated_sentences, load_haystack, split_sentences
 from vllm_sparse.eval.models import UnknownModelError
 from vllm_sparse.eval.report import rerender
 from vllm_sparse.eval.runner import Backend, EvalConfig, default_backends, run_eval
+
+QWEN15_CONFIG = str(SHIPPED_DIR / "qwen2.5-coder-1.5b-instruct.yaml")  # its budget floor is 3072
 
 CONTEXT = 1024
 
@@ -154,9 +155,8 @@ def test_default_backends():
         "sparse_attention": {"budget": {"fraction": 0.25}}
     }
     # so an eval of a shipped config runs that config's floor (the 1.5B's 3072), and --min-tokens still wins
-    shipped = str(Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-1.5b-instruct.yaml")
     for given, floor in ((None, 3072), (512, 512)):
-        b = default_backends(methods=["quest"], budgets=(0.25,), min_tokens=given, extra={"config": shipped})[1]
+        b = default_backends(methods=["quest"], budgets=(0.25,), min_tokens=given, extra={"config": QWEN15_CONFIG})[1]
         budget = resolve_config("quest", additional_config=b.additional_config()).config.budget
         assert (budget.fraction, budget.min_tokens) == (0.25, floor)
 
@@ -164,8 +164,7 @@ def test_default_backends():
 def test_report_states_the_budget_the_config_file_sets(tmp_path):
     from vllm_sparse.eval.report import _budget_tokens
 
-    shipped = str(Path(__file__).resolve().parents[1] / "configs" / "qwen2.5-coder-1.5b-instruct.yaml")
-    inline = {"config": shipped, "budget": {"fraction": 0.25}}
+    inline = {"config": QWEN15_CONFIG, "budget": {"fraction": 0.25}}
     assert _budget_tokens(Backend("q", "sparse_quest", inline), [8192, 32768]) == "8192: 3072, 32768: 8192"
     # a run made elsewhere: its file is not here, so the inline budget alone, said so
     gone = {"config": str(tmp_path / "gone.yaml"), "budget": {"fraction": 0.25}}
