@@ -326,8 +326,9 @@ def test_default_samples_per_platform(monkeypatch):
 # --------------------------------------------------------------------------- joining runs (no engine)
 
 
-def _run_folder(path, labels, outputs, machine="GPU-X", hashes=None):
-    """Write an eval run folder with ``labels`` (dense = no ``sparse_`` prefix) on 3 prompts of one task."""
+def _run_folder(path, labels, outputs, machine="GPU-X", hashes=None, sparse=None):
+    """Write an eval run folder with ``labels`` (dense = no ``sparse_`` prefix) on 3 prompts of one task; every
+    sparse backend runs ``sparse`` (default: a 25% budget)."""
     from types import SimpleNamespace
 
     from vllm_sparse.eval.report import write_report
@@ -336,7 +337,8 @@ def _run_folder(path, labels, outputs, machine="GPU-X", hashes=None):
     hashes = hashes or ["h0", "h1", "h2"]
     runs = []
     for label in labels:
-        backend = Backend(label, label, {"budget": {"fraction": 0.25}} if label.startswith("sparse_") else None)
+        settings = sparse or {"budget": {"fraction": 0.25}}
+        backend = Backend(label, label, settings if label.startswith("sparse_") else None)
         records = [
             {"backend": label, "task": "niah_single", "context": 4096, "index": i, "prompt_hash": h,
              "haystack": "essays", "expected": ["1"], "output": outputs[label][i], "score": float(outputs[label][i] == "1")}
@@ -432,6 +434,27 @@ def test_pool_adds_prompts_and_narrows_the_paired_interval(tmp_path):
     assert [r.backend.label for r in joined.runs][-1] == "sparse_kascade"
     both = pool_runs(tmp_path / "p5", a, tmp_path / "j")
     assert {r.backend.label: len(r.records) for r in both.runs} == {"DENSE": 6, "sparse_quest": 6, "sparse_kascade": 3}
+
+
+def test_pool_compares_what_ran_over_the_shipped_config_file(tmp_path):
+    """A budget field written inline that equals the shipped file's pools with a run that left it to the file
+    (older evals wrote min_tokens 1024 inline); one that differs from the file is refused and named."""
+    from vllm_sparse.config import SHIPPED_DIR
+    from vllm_sparse.eval.pool import PoolError, pool_runs
+
+    def run(path, model, floor, hashes):
+        budget = {"fraction": 0.25} | ({"min_tokens": floor} if floor else {})
+        sparse = {"config": f"/tmp/{path}/configs/qwen2.5-coder-{model}-instruct.yaml", "budget": budget}
+        outs = {"DENSE": ["1"] * 3, "sparse_quest": ["1"] * 3}
+        return _run_folder(tmp_path / path, ["DENSE", "sparse_quest"], outs, hashes=hashes, sparse=sparse)
+
+    for model in ("0.5b", "1.5b"):
+        assert (SHIPPED_DIR / f"qwen2.5-coder-{model}-instruct.yaml").is_file()
+    old05, new05 = run("o05", "0.5b", 1024, ["a0", "a1", "a2"]), run("n05", "0.5b", None, ["b0", "b1", "b2"])
+    assert len(pool_runs(tmp_path / "p05", old05, new05).runs[1].records) == 6  # the 0.5B file's floor is 1024
+    old15, new15 = run("o15", "1.5b", 1024, ["c0", "c1", "c2"]), run("n15", "1.5b", None, ["d0", "d1", "d2"])
+    with pytest.raises(PoolError, match=r"other settings .*\(budget\)"):  # the 1.5B file's floor is 3072
+        pool_runs(tmp_path / "p15", old15, new15)
 
 
 def test_parallel_eval_spreads_groups_over_gpus():

@@ -10,7 +10,8 @@ folders ran is pooled over those folders, and its cells say how many prompts it 
 
 Refused: folders whose dense labels, model, tasks, dtype, page size or chunk size differ; a prompt (task,
 context, sample index, prompt hash) that two folders both ran; a backend label whose settings differ between
-folders (a ``config`` file is compared by name, since each run records where its copy of the file lay).
+folders (resolved over the shipped config file of the same name, since each run records where its copy of
+the file lay; see ``_settings``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,25 @@ class PoolError(ValueError):
     """The runs cannot be pooled (other settings, overlapping prompts, no dense run)."""
 
 
-def _settings(sparse: dict | None) -> dict | None:
-    """A backend's sparse settings with its ``config`` file reduced to the file's name."""
+def _settings(backend) -> Any:
+    """What a sparse backend ran, for comparing runs: its inline settings resolved over its ``config`` file
+    where a file of that name ships here (``config.SHIPPED_DIR``), so that an inline field equal to the file's
+    compares equal to the file alone (older evals wrote ``min_tokens: 1024`` inline); else the inline
+    settings with the file reduced to its name (each run records where its copy of the file lay)."""
+    from vllm_sparse.config import ADDITIONAL_CONFIG_KEY, SHIPPED_DIR, method_of_backend, resolve_config
+
+    sparse = backend.sparse
     if not sparse or "config" not in sparse:
         return sparse
-    return {**sparse, "config": Path(str(sparse["config"])).name}
+    name = Path(str(sparse["config"])).name
+    shipped = SHIPPED_DIR / name
+    if shipped.is_file():
+        try:
+            extra = {ADDITIONAL_CONFIG_KEY: {**sparse, "config": str(shipped)}}
+            return resolve_config(method_of_backend(backend.name), additional_config=extra).config.model_dump()
+        except ValueError:  # settings this version refuses: compare them as written
+            pass
+    return {**sparse, "config": name}
 
 
 def _pooled_counters(counters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -105,11 +120,11 @@ def pool_runs(out_dir: str | Path, *run_dirs: str | Path, command: str | None = 
                 counters[label] = [run.page_counters]
                 continue
             first = pooled[label]
-            if (first.backend.name, _settings(first.backend.sparse)) != (
-                run.backend.name,
-                _settings(run.backend.sparse),
-            ):
-                raise PoolError(f"{d}: backend {label} ran other settings than in {run_dirs[0]}")
+            mine, theirs = _settings(first.backend), _settings(run.backend)
+            if (first.backend.name, mine) != (run.backend.name, theirs):
+                mine, theirs = mine or {}, theirs or {}
+                keys = sorted(k for k in {**mine, **theirs} if mine.get(k) != theirs.get(k))
+                raise PoolError(f"{d}: backend {label} ran other settings than in {run_dirs[0]} ({', '.join(keys)})")
             first.records += run.records
             first.start_s = round(first.start_s + run.start_s, 1)
             first.generate_s = round(first.generate_s + run.generate_s, 1)
