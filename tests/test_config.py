@@ -249,6 +249,49 @@ def test_inline_deep_merge_keeps_file_subfields(tmp_path):
     assert c.budget == Budget(fraction=0.25, min_tokens=256, max_tokens=4096)
 
 
+def test_a_methods_block_is_what_one_method_runs_with(tmp_path):
+    """``methods: {quest: {...}}``: Quest runs the block over the rest of the file, the other methods the rest;
+    inline fields win over the file's block as over the rest of the file, and an inline block wins over both."""
+    path = write_yaml(tmp_path / "c.yaml", {"budget": {"fraction": 0.25, "min_tokens": 1024}, "sink_tokens": 32,
+                                            "methods": {"quest": {"budget": {"min_tokens": 4096}, "sink_tokens": 64},
+                                                        "twilight": {"twilight": {"top_p": 0.98}}}})  # fmt: skip
+
+    def resolved(method, **inline):
+        return resolve_config(method, additional_config={"sparse_attention": {"config": path, **inline}}).config
+
+    quest, quoka, twilight = resolved("quest"), resolved("quoka"), resolved("twilight")
+    assert (quest.budget.min_tokens, quest.budget.fraction, quest.sink_tokens) == (4096, 0.25, 64)
+    assert (quoka.budget.min_tokens, quoka.sink_tokens, quoka.twilight.top_p) == (1024, 32, 0.95)
+    assert (twilight.budget.min_tokens, twilight.twilight.top_p) == (1024, 0.98)
+    assert quest.for_layer(3).budget.tokens(8192) == 4096 and quoka.for_layer(3).budget.tokens(8192) == 2048
+    assert resolved("quest", budget={"min_tokens": 512}).budget.min_tokens == 512  # inline over the file's block
+    inline_block = {"quest": {"budget": {"min_tokens": 2048}}}
+    assert resolved("quest", budget={"min_tokens": 512}, methods=inline_block).budget.min_tokens == 2048
+    assert resolved("quoka", methods=inline_block).budget.min_tokens == 1024
+    # the same without a file
+    assert parse_config({"methods": {"quest": {"budget": {"fraction": 0.5}}}}, "quest", "t").budget.fraction == 0.5
+
+
+def test_bad_methods_blocks_are_reported_at_start_whichever_method_runs():
+    data = {"sink_tokens": -1, "methods": {"quest": {"budget": {"fraction": 2}}, "twilight": {"twilight": {"top_p": 7}},
+                                           "nope": {}, "quoka": 3, "kascade": {"method": "kascade"},
+                                           "compact": {"budget": {"min_tokens": 20000}}}}  # fmt: skip
+    for method in ("quest", "quoka"):
+        with pytest.raises(SparseConfigError) as e:
+            parse_config(data, method, "t")
+        reasons = reasons_of(e)
+        assert reasons[0].startswith("sink_tokens = -1") and sum("sink_tokens" in r for r in reasons) == 1
+        assert has_reason(reasons, "methods.quest: budget.fraction = 2")
+        assert has_reason(reasons, "methods.twilight: twilight.top_p = 7")
+        assert has_reason(reasons, "methods.nope: unknown method")
+        assert has_reason(reasons, "methods.quoka = 3: must be a mapping")
+        assert has_reason(reasons, "methods.kascade: method cannot be set per method")
+        assert has_reason(reasons, "methods.compact: budget: min_tokens (20000) must not exceed")
+        assert len(reasons) == 7, reasons  # each once, and no raw pydantic dump beside the budget order
+    with pytest.raises(SparseConfigError, match="must map method names"):
+        parse_config({"methods": ["quest"]}, "quest", "t")
+
+
 def test_additional_config_not_a_mapping():
     with pytest.raises(SparseConfigError) as e:
         resolve_config("quoka", additional_config={"sparse_attention": "budget=3"}, environ={})

@@ -501,7 +501,9 @@ def _load_yaml(path: str | Path, source: str) -> dict[str, Any]:
     return data
 
 
-def _format_errors(err: ValidationError, data: dict[str, Any]) -> list[str]:
+def _format_errors(err: ValidationError, data: dict[str, Any], reported: bool = False) -> list[str]:
+    """pydantic's errors as config reasons; ``reported``: reasons were already found (then errors reported
+    elsewhere, as the budget order, may leave none here)."""
     reasons = []
     for e in err.errors():
         if "must not exceed" in e["msg"]:
@@ -520,7 +522,7 @@ def _format_errors(err: ValidationError, data: dict[str, Any]) -> list[str]:
             reasons.append(f"{loc} = {value!r}: {msg}")
         else:
             reasons.append(f"{loc}: {msg}")
-    return reasons or [str(err)]  # (never empty: a filtered union still fails)
+    return reasons or ([] if reported else [str(err)])  # (never empty alone: a filtered union still fails)
 
 
 def _budget_order_reasons(data: dict[str, Any]) -> list[str]:
@@ -544,8 +546,73 @@ def _budget_order_reasons(data: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def _method_blocks(data: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The ``methods`` blocks of a raw mapping (method name -> fields that only that method runs with), and the
+    reasons they are malformed."""
+    blocks = data.get("methods")
+    if blocks is None:
+        return {}, []
+    if not isinstance(blocks, dict):
+        return {}, [f"methods = {blocks!r}: must map method names ({', '.join(METHODS)}) to fields"]
+    good, reasons = {}, []
+    for name, fields in blocks.items():
+        if name not in METHODS:
+            reasons.append(f"methods.{name}: unknown method (one of {', '.join(METHODS)})")
+        elif not isinstance(fields, dict):
+            reasons.append(f"methods.{name} = {fields!r}: must be a mapping of config fields")
+        elif {"method", "methods", "models"} & set(fields):
+            bad = ", ".join(sorted({"method", "methods", "models"} & set(fields)))
+            reasons.append(f"methods.{name}: {bad} cannot be set per method")
+        else:
+            good[name] = fields
+    return good, reasons
+
+
+def apply_method_block(data: dict[str, Any], method: str) -> dict[str, Any]:
+    """``data`` with its ``methods`` block for ``method`` merged over the rest and taken out of ``methods`` (the
+    other blocks stay there, for ``parse_config`` to validate). Fields merged over the result later, inline ones,
+    then win over the block, as they win over the rest of the file. A malformed block is left for
+    ``parse_config`` to report."""
+    blocks = data.get("methods")
+    block = blocks.get(method) if isinstance(blocks, dict) else None
+    if not isinstance(block, dict) or {"method", "methods", "models"} & set(block):
+        return data
+    out = _deep_merge({k: v for k, v in data.items() if k != "methods"}, block)
+    rest = {k: v for k, v in blocks.items() if k != method}
+    return {**out, "methods": rest} if rest else out
+
+
 def parse_config(data: dict[str, Any], method: str, source: str) -> SparseConfig:
-    """Validate a raw mapping for ``method``; every invalid field is reported at once."""
+    """Validate a raw mapping for ``method``; every invalid field is reported at once.
+
+    ``methods: {quest: {budget: {min_tokens: 4096}}}`` holds fields that only one method runs with: the block of
+    ``method`` is merged over the rest of the mapping (so one model config can give each method its own budget).
+    The rest must be valid alone (it is what the methods without a block run), and every block is validated
+    merged over it, whichever method is served, so that a bad field anywhere is reported at start."""
+    blocks, block_reasons = _method_blocks(data)
+    base = {k: v for k, v in data.items() if k != "methods"}
+    shared = _faults(base, method, source)
+    reasons = list(shared)
+    for name, fields in blocks.items():
+        own = shared if name == method else _faults(base, name, source)
+        reasons += [f"methods.{name}: {r}" for r in _faults(_deep_merge(base, fields), name, source) if r not in own]
+    reasons += block_reasons
+    if reasons:
+        raise SparseConfigError(source, reasons)
+    return _parse_one(_deep_merge(base, blocks.get(method, {})), method, source)
+
+
+def _faults(data: dict[str, Any], method: str, source: str) -> list[str]:
+    """What ``_parse_one`` finds wrong with ``data`` for ``method`` (empty: valid)."""
+    try:
+        _parse_one(data, method, source)
+    except SparseConfigError as e:
+        return list(e.reasons)
+    return []
+
+
+def _parse_one(data: dict[str, Any], method: str, source: str) -> SparseConfig:
+    """``parse_config`` of a mapping without ``methods`` blocks."""
     data = dict(data)
     reasons = _budget_order_reasons(data)
     if "method" in data and data["method"] != method:
@@ -557,7 +624,7 @@ def parse_config(data: dict[str, Any], method: str, source: str) -> SparseConfig
     try:
         cfg = SparseConfig(**{**data, "method": method})
     except ValidationError as e:
-        reasons += _format_errors(e, data)
+        reasons += _format_errors(e, data, reported=bool(reasons))
         cfg = None
     if reasons:
         raise SparseConfigError(source, reasons)
@@ -625,7 +692,7 @@ def resolve_config(
         data = {}
         if path is not None:
             source += f" (config {path})"
-            data = _load_yaml(path, source)
+            data = apply_method_block(_load_yaml(path, source), method)  # inline fields win over its block
         return ResolvedConfig(parse_config(_deep_merge(data, inline), method, source), source)
     if environ.get(ENV_VAR):
         source = f"${ENV_VAR}={environ[ENV_VAR]}"
