@@ -13,8 +13,8 @@ Loads (``--loads``, names from ``LOADS``): ``tpot128k`` one 130,000-token prompt
 concurrency 4; ``C`` 6 of 16,000/16 one at a time. Every server log is scanned for vLLM's
 "JIT compilation during inference" warnings (kernels compiled while serving). ``prof16k`` and
 ``prof128k`` (one per server, left out of the plot) serve one request of 16,000 or 130,000 tokens
-(``prof16x16k``: 16 requests of 16,000 together) with vLLM's torch profiler on for 24 of its decode
-steps, traces in ``DIR/profile_<label>/``; then
+(``prof16x16k``: 16 requests of 16,000 together; ``prof_real32k_x16``: ``real32k_x16``'s) with vLLM's torch
+profiler on for 24 of its decode steps, traces in ``DIR/profile_<label>/``; then
 ``benchmarks/decode_trace.py DIR/profile_flash_attn DIR/profile_sparse_quoka`` says where each step's
 time goes. Per-request ITLs and TTFTs are kept in every result JSON (``--save-detailed``).
 
@@ -65,6 +65,16 @@ LOADS = {
     # (what a selector keeps at decode follows the model's attention; random weights keep nearly every candidate of
     # Twilight's top-p)
     "real32k_x16": {"input": 32512, "output": 128, "prompts": 16, "concurrency": 16, "eval": True},
+    # the same under the profiler: 24 steps decoding all 16 (dense decode on the real 1.5B ran 0.84-0.92x FLASH_ATTN
+    # while its attention kernel alone matched FlashAttention; real32k_x16's median ITL mixes batch sizes 1-16)
+    "prof_real32k_x16": {
+        "input": 32512,
+        "output": 128,
+        "prompts": 16,
+        "concurrency": 16,
+        "eval": True,
+        "profile": True,
+    },
     # past a model's trained window with ``--real-model NAME@yarn4`` (``vllm_sparse.eval.rope_variant``): a real
     # model's attention at 64K and 128K, where random weights keep every block of compact and every page is as heavy
     "real64k": {"input": 65536, "output": 16, "prompts": 9, "concurrency": 1, "eval": True},

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from serve_bench import Served, bench_args, profile_skip_steps, server_cmd, server_env, server_settings  # noqa: E402
+from serve_bench import LOADS, Served, bench_args, profile_skip_steps, server_cmd, server_env, server_settings  # noqa: E402
 
 BASE = {"budget": {"fraction": 0.125}}
 VARIANTS = {"b32": {"server_args": ["--block-size", 32]}, "d8": {"layers": {"8": {"sparse_decode": False}}}}
@@ -47,6 +47,10 @@ def test_profiled_steps_start_after_every_prompt_is_prefilled():
     # 16 prompts of 16K arriving together: 256,000 prefill tokens in 32 chunks, then 8 steps decoding all 16
     assert profile_skip_steps("prof16x16k", 8192) == 32 + 8
     assert profile_skip_steps("prof16k", 2048) == 8 + 8
+    # a real model's 16 eval prompts of 32,512 tokens: 64 chunks, then 8 steps decoding all 16, then 24 profiled
+    # steps, all before the first-prefilled request (decoding beside the last 60 chunks) has its 128 tokens
+    assert profile_skip_steps("prof_real32k_x16", 8192) == 64 + 8
+    assert 60 + 8 + 24 < LOADS["prof_real32k_x16"]["output"] and LOADS["prof_real32k_x16"]["eval"]
 
 
 def test_a_real_model_is_served_with_its_weights_and_the_eval_loads_use_its_prompts(tmp_path):
