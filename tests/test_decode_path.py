@@ -260,6 +260,21 @@ def test_num_splits_grow_at_small_batches():
     assert da.PROGRAMS_PER_SM_FEW_ROWS > da.PROGRAMS_PER_SM  # few rows are long rows: more splits each
 
 
+def test_few_rows_line_moves_with_its_env_var(monkeypatch):
+    """``VLLM_SPARSE_DECODE_FEW_ROWS`` (read at import) moves the few-rows line; 0 gives every batch
+    ``PROGRAMS_PER_SM``; a value that is not a row count fails at import, naming the variable."""
+    from vllm_sparse.kernels import decode_attention as da
+
+    assert da.few_rows({}) == da.FEW_ROWS == 32 and da.few_rows({da.FEW_ROWS_ENV: "16"}) == 16
+    for bad in ("-1", "many", ""):
+        with pytest.raises(ValueError, match=da.FEW_ROWS_ENV):
+            da.few_rows({da.FEW_ROWS_ENV: bad})
+    cpu = torch.device("cpu")
+    assert da.num_splits(8, cpu) == -(-da.PROGRAMS_PER_SM_FEW_ROWS * da.num_sms(cpu) // 8)
+    monkeypatch.setattr(da, "FEW_ROWS", da.few_rows({da.FEW_ROWS_ENV: "0"}))
+    assert da.num_splits(8, cpu) == -(-da.PROGRAMS_PER_SM * da.num_sms(cpu) // 8)
+
+
 def _selectable_rows(seq_lens, policy):
     cols = DecodeColumns([policy], N, 16, 512, "cpu").write(np.array(seq_lens), torch.zeros(1, 1))
     return torch.from_numpy(cols.host_columns[policy])

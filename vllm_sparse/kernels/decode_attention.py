@@ -21,6 +21,8 @@ kernel captures into a CUDA graph once per batch size.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -38,7 +40,23 @@ PROGRAMS_PER_SM = 2  # attention programs per SM that ``num_splits`` aims for
 # and on an H200 4 programs per SM read them 14% faster at 1 x 128K and 11% at 4 x 16K (FA3's speed), while at
 # 128 rows of 129 pages the extra splits cost 12%, at 64 dense rows of 16K 21% on an H100, where few rows gain
 # 1-2% (``serve_bench_h200_session18/sweep``).
-FEW_ROWS, PROGRAMS_PER_SM_FEW_ROWS = 32, 4
+# ``VLLM_SPARSE_DECODE_FEW_ROWS`` (read at import) moves the line, for A/B runs: 0 gives every batch 2 programs per SM.
+# On the real Qwen2.5-Coder-1.5B (2 KV heads) 16 decode requests are 32 rows, and its dense decode serves at 0.84-0.92x
+# FLASH_ATTN's speed. On H200s (session 37, ``serve_bench_h200_session37``) the kernel alone read those 32 rows 16%
+# faster at 4 per SM (FlashAttention's speed); served once each, 2 per SM gave a lower median ITL but a higher TTFT and
+# a lower output throughput in the same runs: inconclusive, so the line stays at 32.
+FEW_ROWS_ENV = "VLLM_SPARSE_DECODE_FEW_ROWS"
+
+
+def few_rows(environ=os.environ) -> int:
+    """``FEW_ROWS``: ``VLLM_SPARSE_DECODE_FEW_ROWS`` (default 32), a whole number of rows >= 0."""
+    text = environ.get(FEW_ROWS_ENV, "32")
+    if not text.strip().isdigit():
+        raise ValueError(f"{FEW_ROWS_ENV}={text!r}: expected a whole number of decode rows (default 32; 0: none)")
+    return int(text)
+
+
+FEW_ROWS, PROGRAMS_PER_SM_FEW_ROWS = few_rows(), 4
 MERGE_SPLITS = 32  # splits the merge reads per step
 
 
