@@ -546,6 +546,10 @@ def _budget_order_reasons(data: dict[str, Any]) -> list[str]:
     return reasons
 
 
+#: fields a ``methods`` block may not set (they name the method or the models, not how it runs)
+NOT_PER_METHOD = frozenset({"method", "methods", "models"})
+
+
 def _method_blocks(data: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The ``methods`` blocks of a raw mapping (method name -> fields that only that method runs with), and the
     reasons they are malformed."""
@@ -560,8 +564,8 @@ def _method_blocks(data: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], lis
             reasons.append(f"methods.{name}: unknown method (one of {', '.join(METHODS)})")
         elif not isinstance(fields, dict):
             reasons.append(f"methods.{name} = {fields!r}: must be a mapping of config fields")
-        elif {"method", "methods", "models"} & set(fields):
-            bad = ", ".join(sorted({"method", "methods", "models"} & set(fields)))
+        elif NOT_PER_METHOD & set(fields):
+            bad = ", ".join(sorted(NOT_PER_METHOD & set(fields)))
             reasons.append(f"methods.{name}: {bad} cannot be set per method")
         else:
             good[name] = fields
@@ -575,7 +579,7 @@ def apply_method_block(data: dict[str, Any], method: str) -> dict[str, Any]:
     ``parse_config`` to report."""
     blocks = data.get("methods")
     block = blocks.get(method) if isinstance(blocks, dict) else None
-    if not isinstance(block, dict) or {"method", "methods", "models"} & set(block):
+    if not isinstance(block, dict) or NOT_PER_METHOD & set(block):
         return data
     out = _deep_merge({k: v for k, v in data.items() if k != "methods"}, block)
     rest = {k: v for k, v in blocks.items() if k != method}
