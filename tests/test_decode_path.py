@@ -265,8 +265,9 @@ def test_few_rows_line_moves_with_its_env_var(monkeypatch):
     ``PROGRAMS_PER_SM``; a value that is not a row count fails at import, naming the variable."""
     from vllm_sparse.kernels import decode_attention as da
 
-    assert da.few_rows({}) == da.FEW_ROWS == 32 and da.few_rows({da.FEW_ROWS_ENV: "16"}) == 16
-    for bad in ("-1", "many", ""):
+    assert da.few_rows({}) == da.few_rows({da.FEW_ROWS_ENV: ""}) == da.FEW_ROWS == 32  # empty: unset, as vLLM reads
+    assert da.few_rows({da.FEW_ROWS_ENV: "16"}) == 16
+    for bad in ("-1", "many", "1.5"):
         with pytest.raises(ValueError, match=da.FEW_ROWS_ENV):
             da.few_rows({da.FEW_ROWS_ENV: bad})
     cpu = torch.device("cpu")

@@ -49,8 +49,8 @@ FEW_ROWS_ENV = "VLLM_SPARSE_DECODE_FEW_ROWS"
 
 
 def few_rows(environ=os.environ) -> int:
-    """``FEW_ROWS``: ``VLLM_SPARSE_DECODE_FEW_ROWS`` (default 32), a whole number of rows >= 0."""
-    text = environ.get(FEW_ROWS_ENV, "32")
+    """``FEW_ROWS``: ``VLLM_SPARSE_DECODE_FEW_ROWS`` (default 32, also when empty), a whole number of rows >= 0."""
+    text = environ.get(FEW_ROWS_ENV) or "32"
     if not text.strip().isdigit():
         raise ValueError(f"{FEW_ROWS_ENV}={text!r}: expected a whole number of decode rows (default 32; 0: none)")
     return int(text)
