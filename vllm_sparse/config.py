@@ -595,6 +595,8 @@ def parse_config(data: dict[str, Any], method: str, source: str) -> SparseConfig
     merged over it, whichever method is served, so that a bad field anywhere is reported at start."""
     blocks, block_reasons = _method_blocks(data)
     base = {k: v for k, v in data.items() if k != "methods"}
+    if not blocks and not block_reasons:  # (most configs: parsed once)
+        return _parse_one(base, method, source)
     shared = _faults(base, method, source)
     reasons = list(shared)
     for name, fields in blocks.items():

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_sparse.eval.cells import sample_id
-from vllm_sparse.eval.report import load_result, samples_of, write_report
+from vllm_sparse.eval.report import backend_config, load_result, samples_of, write_report
 
 SAME_CONFIG = ("model", "tasks", "dtype", "block_size", "max_num_batched_tokens")
 
@@ -38,17 +38,15 @@ def _settings(backend) -> Any:
     where a file of that name ships here (``config.SHIPPED_DIR``), so that an inline field equal to the file's
     compares equal to the file alone (older evals wrote ``min_tokens: 1024`` inline); else the inline
     settings with the file reduced to its name (each run records where its copy of the file lay)."""
-    from vllm_sparse.config import ADDITIONAL_CONFIG_KEY, SHIPPED_DIR, method_of_backend, resolve_config
+    from vllm_sparse.config import SHIPPED_DIR
 
     sparse = backend.sparse
     if not sparse or "config" not in sparse:
         return sparse
     name = Path(str(sparse["config"])).name
-    shipped = SHIPPED_DIR / name
-    if shipped.is_file():
+    if (SHIPPED_DIR / name).is_file():
         try:
-            extra = {ADDITIONAL_CONFIG_KEY: {**sparse, "config": str(shipped)}}
-            return resolve_config(method_of_backend(backend.name), additional_config=extra).config.model_dump()
+            return backend_config(backend, SHIPPED_DIR / name).model_dump()
         except ValueError:  # settings this version refuses: compare them as written
             pass
     return {**sparse, "config": name}

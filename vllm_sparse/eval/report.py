@@ -64,17 +64,32 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def backend_config(backend, config_file: str | Path | None = None):
+    """The ``SparseConfig`` a sparse backend of a run ran: its inline settings resolved over its ``config`` file,
+    read where the run read it, or from ``config_file`` in its place, as the engine resolves them.
+
+    Raises:
+        ValueError: the file is not there (a run made on another machine), the settings are refused, or the
+            backend is not a sparse one.
+    """
+    from vllm_sparse.config import ADDITIONAL_CONFIG_KEY, method_of_backend, resolve_config
+
+    sparse = dict(backend.sparse or {})
+    if config_file is not None:
+        sparse["config"] = str(config_file)
+    return resolve_config(method_of_backend(backend.name), additional_config={ADDITIONAL_CONFIG_KEY: sparse}).config
+
+
 def _budget_tokens(backend, contexts) -> str:
     """``4096: 1024, 8192: 1024``: the budget in tokens at each context (min/max clamps applied), from the
     backend's inline config over its ``config`` file where that file is still where the run read it (else the
     inline budget alone, marked so: the file's ``min_tokens`` or ``max_tokens`` may differ)."""
-    from vllm_sparse.config import ADDITIONAL_CONFIG_KEY, Budget, method_of_backend, resolve_config
+    from vllm_sparse.config import Budget
 
     sparse = backend.sparse or {}
     note = ""
     try:
-        extra = {ADDITIONAL_CONFIG_KEY: sparse}
-        budget = resolve_config(method_of_backend(backend.name), additional_config=extra).config.budget
+        budget = backend_config(backend).budget
     except ValueError:  # the file is gone (a run made on another machine), or no sparse backend
         try:
             budget = Budget(**sparse.get("budget", {}))
