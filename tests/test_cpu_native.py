@@ -1,7 +1,8 @@
 """Native CPU kernels (csrc/*.cpp) against their torch twins; the loader's fallback.
 
 Twins: ``selectors.quoka.score_pages`` (scoring) and ``torch.topk`` on masked scores (top-k);
-``selectors.quest.page_upper_bounds`` / ``page_upper_bounds_rows`` (Quest bounds).
+``selectors.quest.page_upper_bounds`` / ``page_upper_bounds_rows`` (Quest bounds);
+``kernels.anchor_mass.anchor_page_mass`` (Kascade's anchor scoring).
 Random, never-zero inputs; page sizes 16 and 32 (and odd ones), D 64 and 128, bf16/fp16/fp32
 caches in both in-page orders, 1 to 64 queries, 1 to 3000 pages, non-contiguous page ids; Quest
 with GQA groups 1, 2, 7, min/max read from the real metadata planes; the portable (non-AVX-512)
@@ -23,6 +24,7 @@ from helpers import gen, randn, single_thread  # noqa: F401  (autouse fixture: o
 
 from vllm_sparse.config import Budget, LayerPolicy
 from vllm_sparse.kernels import cpu_native
+from vllm_sparse.kernels.anchor_mass import anchor_page_mass
 from vllm_sparse.layout import MetaPlanes, PageLayout
 from vllm_sparse.metadata.page_minmax import write_page_minmax
 from vllm_sparse.policy import plan_step
@@ -384,7 +386,7 @@ def test_quest_fallback(monkeypatch, fresh_loader, sparse_log):
 
 @needs_native
 def test_portable_path_matches_twins():
-    """The non-AVX-512 loops (``VLLM_SPARSE_NO_AVX512=1``), Quest and QuoKA, in a fresh process."""
+    """The non-AVX-512 loops (``VLLM_SPARSE_NO_AVX512=1``), Quest, QuoKA and Kascade, in a fresh process."""
     script = textwrap.dedent(
         """
         import torch
@@ -412,6 +414,14 @@ def test_portable_path_matches_twins():
                 ids = torch.randperm(300)[: 2 * p].view(2, p)
                 torch.testing.assert_close(cpu_native.quoka_score(qbar, pk, ids), score_pages(qbar, pk[ids]),
                                            rtol=1e-5, atol=1e-5)
+            from vllm_sparse.kernels.anchor_mass import anchor_page_mass
+            for c, ctx, n, grp, stride in ((1, 300, 16, 7, 1), (45, 200, 32, 2, 2)):
+                q = torch.randn(c, 2 * grp, 64).to(dtype)
+                pk = torch.randn(80, n, 64).to(dtype)
+                ids = torch.randperm(80)[:2 * 30].view(2, 30)
+                want = anchor_page_mass(q, pk, ids, ctx, 0.125, 16, stride)
+                got = cpu_native.anchor_page_mass(q, pk, ids, ctx, 0.125, 16, stride)
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
         print("portable ok")
         """
     )
@@ -421,6 +431,97 @@ def test_portable_path_matches_twins():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "portable ok" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Kascade's anchor scoring
+# ---------------------------------------------------------------------------------------------
+
+
+def anchor_case(n, d, dtype, grp, c, ctx, order="planes", hkv=2, seed=0):
+    """Queries ``[C, Hkv * grp, D]`` and a paged cache whose pages (shuffled, non-contiguous ids) hold
+    every key the chunk's tiles see; peaked scores (some keys aligned with the queries) so that pages differ."""
+    g = gen(seed + 31 * n + d + 5 * grp + c + ctx)
+    pages = -(-(ctx + c) // n) + 1
+    nb = pages + 4
+    kv = randn(nb, hkv + 1, n, 2 * d, g=g, dtype=dtype)
+    layout = PageLayout.of(kv, hkv, order)
+    blocks = torch.randperm(nb, generator=g)[:pages]
+    ids = layout.page_ids(blocks[None, :], torch.arange(hkv)[:, None])  # [Hkv, pages]
+    q = randn(c, hkv * grp, d, g=g, dtype=dtype) * 2
+    return q, layout.page_keys(kv), ids
+
+
+@needs_native
+@pytest.mark.parametrize("n", [16, 32])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("grp", [1, 4, 7])
+@pytest.mark.parametrize("order", ["planes", "interleaved"])
+def test_anchor_mass_matches_twin(n, d, dtype, grp, order):
+    # decode (one query), a chunk that is not a whole number of tiles, a context ending inside a page,
+    # a context shorter than a page (no past page), tile strides
+    for c, ctx, tile, stride in ((1, 700, 32, 1), (77, 333, 32, 1), (64, 96, 16, 3), (5, n - 1, 32, 1)):
+        q, pk, ids = anchor_case(n, d, dtype, grp, c, ctx, order)
+        want = anchor_page_mass(q, pk, ids, ctx, d**-0.5, tile, stride)
+        got = cpu_native.anchor_page_mass(q, pk, ids, ctx, d**-0.5, tile, stride)
+        assert got.shape == want.shape == (2, ctx // n)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        if got.numel():
+            assert float(got.min()) >= 0.0 and float(got.max()) <= 1.0 + 1e-5
+        if c == 1 and ctx >= n:  # one tile: a softmax's share over the past pages, at most 1 in all
+            assert float(got.sum(1).max()) <= 1.0 + 1e-4
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_anchor_mass_long_context(threads):
+    """Many pages and tiles in parallel: the same as the twin, and the same for any thread count."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, pk, ids = anchor_case(32, 64, torch.bfloat16, 7, 300, 5000)
+        want = anchor_page_mass(q, pk, ids, 5000, 0.125)
+        torch.testing.assert_close(cpu_native.anchor_page_mass(q, pk, ids, 5000, 0.125, 32), want, rtol=1e-4, atol=1e-7)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_native
+def test_anchor_mass_rejects_bad_inputs():
+    q, pk, ids = anchor_case(16, 64, torch.float32, 2, 10, 100)
+    with pytest.raises(RuntimeError, match="pages per KV head needed"):
+        cpu_native.anchor_page_mass(q, pk, ids[:, :3], 100, 0.125, 32)
+    bad = ids.clone()
+    bad[1, 2] = pk.shape[0]
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_native.anchor_page_mass(q, pk, bad, 100, 0.125, 32)
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        cpu_native.anchor_page_mass(q[:, :3], pk, ids, 100, 0.125, 32)
+
+
+@needs_native
+def test_kascade_anchor_takes_the_native_path(monkeypatch):
+    """The selector's anchor scoring runs the native kernel on CPUs, with the twin's result."""
+    from helpers import make_paged_batch, query_start_loc
+
+    from vllm_sparse.selectors.kascade import score_request
+
+    calls = []
+    real = cpu_native.anchor_page_mass
+    monkeypatch.setattr(cpu_native, "anchor_page_mass", lambda *a: calls.append(1) or real(*a))
+    n, hkv, d, ctx, c = 16, 2, 64, 700, 40
+    b = make_paged_batch([ctx + c], hkv, n, d, seed=5)
+    layout = PageLayout.of(b.kv_cache, hkv, b.order)
+    policy = LayerPolicy(False, Budget(fraction=0.25, min_tokens=0, max_tokens=None), 1, 2, 0)
+    req = plan_step(policy, n, query_start_loc([c]), [ctx + c]).requests[0]
+    q = randn(c, hkv * 4, d, g=gen(3))
+    got = score_request(q, layout.page_keys(b.kv_cache), b.block_table, layout, 0, req, d**-0.5)
+    assert calls == [1]
+    with cpu_native.torch_path():
+        want = score_request(q, layout.page_keys(b.kv_cache), b.block_table, layout, 0, req, d**-0.5)
+    assert calls == [1] and got.shape == (hkv, ctx // n)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------------------

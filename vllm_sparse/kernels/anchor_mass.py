@@ -11,12 +11,15 @@ group), then summed over the keys of each past page (the ``ctx // N`` complete p
 chunk). A chunk's score of a page is the largest over its tiles: one page set per (request, KV
 head) row serves the whole chunk, so a page heavy for any tile ranks high.
 
-Two implementations, equal up to rounding:
+Three implementations, equal up to rounding:
 
 * ``anchor_page_mass``: the torch twin (any device), tile by tile;
 * ``anchor_page_mass_triton``: two Triton passes over the paged cache, read in place: pass 1 the
   log-sum-exp of every (query, head) row over its visible keys, pass 2 the pooled mass per
-  (tile, KV head, past page); the max over tiles is one torch reduction.
+  (tile, KV head, past page); the max over tiles is one torch reduction;
+* ``kernels.cpu_native.anchor_page_mass`` (``csrc/kascade_cpu.cpp``): one pass per (KV head, tile) on
+  CPUs, keeping each page's max and sum of exponentials per row beside a running log-sum-exp, so
+  that no score outlives its page.
 """
 
 from __future__ import annotations

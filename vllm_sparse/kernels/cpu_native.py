@@ -1,4 +1,4 @@
-"""Native CPU kernels (``csrc/*.cpp``, installed as ``vllm_sparse.csrc``: QuoKA, Quest): JIT-built against the imported torch.
+"""Native CPU kernels (``csrc/*.cpp``, installed as ``vllm_sparse.csrc``: QuoKA, Quest, Kascade): JIT-built against the imported torch.
 
 The C++ sources ship inside the package and are compiled (into one library) on first use with the system's C++
 compiler (``$CXX``, else ``c++``) against the headers and libraries of whatever torch is imported,
@@ -15,7 +15,8 @@ torch path (no build, no warning).
 
 Ops (``torch.ops.vllm_sparse_cpu``), each with a torch twin that ``tests/test_cpu_native.py``
 compares against: :func:`quoka_score`, :func:`masked_topk`, :func:`quoka_score_topk`
-(``csrc/quoka_cpu.cpp``), :func:`quest_bounds`, :func:`quest_bounds_rows` (``csrc/quest_cpu.cpp``).
+(``csrc/quoka_cpu.cpp``), :func:`quest_bounds`, :func:`quest_bounds_rows` (``csrc/quest_cpu.cpp``),
+:func:`anchor_page_mass` (``csrc/kascade_cpu.cpp``).
 """
 
 from __future__ import annotations
@@ -267,3 +268,34 @@ def quest_bounds_rows(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, b
     """
     kmin, kmax = _quest_planes(kmin, kmax)
     return load().quest_bounds(q.float().contiguous()[:, None], kmin, kmax, blocks.long().contiguous())
+
+
+def anchor_page_mass(
+    q: torch.Tensor,
+    page_keys: torch.Tensor,
+    page_ids: torch.Tensor,
+    context_len: int,
+    scale: float,
+    tile: int,
+    stride: int = 1,
+) -> torch.Tensor:
+    """Kascade's pooled post-softmax mass of each past page, keys read in place (``csrc/kascade_cpu.cpp``).
+
+    Twin: ``kernels.anchor_mass.anchor_page_mass`` (same arguments, same result up to float rounding).
+
+    Args:
+        q: ``[C, Hq, D]`` queries at positions ``context_len .. context_len + C - 1`` (any float dtype;
+            computed in float32).
+        page_keys: ``[num_pages, N, D]`` float32/bfloat16/float16 keys by physical page id, any strides.
+        page_ids: ``int [Hkv, P]`` physical page id of each logical page, ``P >= ceil((context_len + C - 1) / N)``.
+        context_len: tokens before the first query.
+        scale: softmax scale.
+        tile: queries per tile; stride: score the last tile and every ``stride``-th before it.
+    Returns:
+        ``float32 [Hkv, context_len // N]``: per KV head and past page, the largest over scored tiles of the
+        mean over the tile's (query, query head) rows of the page's softmax weight.
+    """
+    return load().anchor_page_mass(
+        q.float().contiguous(), page_keys, page_ids.long().contiguous(), int(context_len), float(scale), int(tile),
+        int(stride),
+    )  # fmt: skip

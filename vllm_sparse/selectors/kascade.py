@@ -38,6 +38,13 @@ def _use_triton(q: torch.Tensor, page_size: int) -> bool:
     return q.is_cuda and page_size & (page_size - 1) == 0
 
 
+def _use_native(q: torch.Tensor, page_keys: torch.Tensor) -> bool:
+    """Whether the native CPU kernel scores (``kernels.cpu_native``: CPU tensors, library loaded)."""
+    from vllm_sparse.kernels import cpu_native
+
+    return cpu_native.usable(q, page_keys)
+
+
 def anchor_queries(query: torch.Tensor, req: RequestPlan, window: int | None) -> tuple[torch.Tensor, int]:
     """The queries an anchor scores request ``req`` with (``query [T, Hq, D]``) and the position of
     the first: ``(q [C, Hq, D], context)``, the chunk's queries or only its last ``window`` of them
@@ -52,7 +59,8 @@ def score_request(
     r: int, req: RequestPlan, scale: float, tile: int = TILE, window: int | None = None, stride: int = 1,
 ) -> torch.Tensor:  # fmt: skip
     """``float32 [Hkv, P_past]`` the anchor mass of request ``r`` of a plan (``query [T, Hq, D]``,
-    ``block_table int [B, max_blocks]``): the Triton kernel on CUDA, else the torch twin.
+    ``block_table int [B, max_blocks]``): the Triton kernel on CUDA, the native kernel on CPUs where it
+    builds (``kernels.cpu_native.anchor_page_mass``), else the torch twin.
 
     ``window``: score with the chunk's last ``window`` queries only (``chunk_query_window``; None:
     every query, the paper's rule). Those queries still attend every key before them, the chunk's
@@ -65,6 +73,10 @@ def score_request(
         from vllm_sparse.kernels.anchor_mass import anchor_page_mass_triton
 
         mass = anchor_page_mass_triton(q, page_keys, ids, context, scale, tile, stride)
+    elif _use_native(q, page_keys):
+        from vllm_sparse.kernels import cpu_native
+
+        mass = cpu_native.anchor_page_mass(q, page_keys, ids, context, scale, tile, stride)
     else:
         mass = anchor_page_mass(q, page_keys, ids, context, scale, tile, stride)
     return mass[:, : req.context_len // layout.page_size]  # the chunk's own pages are not past pages
