@@ -5,9 +5,11 @@
 SPEC: {"model": PATH, "runs": [RUN, ...]} with RUN keys:
     name, backend, additional_config (optional), speculative_config (optional), dtype ("float32"), block_size (32),
     max_num_batched_tokens (100), max_tokens (64), batches ([[token ids, ...], ...]: each inner
-    list of prompts is one generate() call, so later batches can hit the prefix cache).
+    list of prompts is one generate() call, so later batches can hit the prefix cache), logprobs (0:
+    none; K: the top K logprobs of every generated position, to tell near-ties from errors).
 OUT: {name: {"ok": bool, "error": str, "tokens": [[...] per prompt, per batch], "cached": [[prompt
-    tokens read from the prefix cache, per prompt] per batch], "stats": {...}}}
+    tokens read from the prefix cache, per prompt] per batch], "stats": {...}, and with logprobs
+    "top_logprobs": [[[{token id (str): logprob} per position] per prompt] per batch]}}
 Engine start failures are caught, so one spec can check several bad configs.
 """
 
@@ -45,15 +47,25 @@ def run_one(model: str, run: dict) -> dict:
         )
     except Exception as e:  # engine start failure: the reasons are on stderr
         return {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    params = SamplingParams(max_tokens=run.get("max_tokens", 64), temperature=0.0, ignore_eos=True)
-    tokens, cached = [], []
+    top = int(run.get("logprobs", 0))
+    params = SamplingParams(
+        max_tokens=run.get("max_tokens", 64), temperature=0.0, ignore_eos=True, logprobs=top or None
+    )
+    tokens, cached, logprobs = [], [], []
     for batch in run["batches"]:
         outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         tokens.append([list(o.outputs[0].token_ids) for o in outs])
         cached.append([int(o.num_cached_tokens or 0) for o in outs])
+        if top:
+            logprobs.append([
+                [{str(t): float(lp.logprob) for t, lp in pos.items()} for pos in o.outputs[0].logprobs] for o in outs
+            ])  # fmt: skip
     stats = read_stats(stats_path)
     del llm
-    return {"ok": True, "tokens": tokens, "cached": cached, "stats": stats}
+    out = {"ok": True, "tokens": tokens, "cached": cached, "stats": stats}
+    if top:
+        out["top_logprobs"] = logprobs
+    return out
 
 
 def main() -> None:

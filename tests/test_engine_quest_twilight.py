@@ -13,6 +13,8 @@ import pytest
 pytestmark = pytest.mark.engine
 
 GEN_TOKENS = 32
+NEAR_TIE = 0.01  # nats: float32 engines, where the two executors' logprobs differ by about 1e-3
+NEAR_TIE_TOP = 5  # logprobs kept per position by the runs compared with near-ties allowed
 
 
 def _prompts() -> list[list[list[int]]]:
@@ -55,12 +57,14 @@ def engine_results(tiny_llama, run_engines):
                 "backend": "sparse_quest",
                 "additional_config": cfg(**REAL, quest={"gqa_reduce": "union"}),
                 **common,
+                "logprobs": NEAR_TIE_TOP,
             },
             {
                 "name": "twilight_sparse",
                 "backend": "sparse_twilight",
                 "additional_config": cfg(**TWILIGHT_REAL),
                 **common,
+                "logprobs": NEAR_TIE_TOP,
             },
             {
                 "name": "quest_forced",
@@ -80,12 +84,14 @@ def engine_results(tiny_llama, run_engines):
                 "backend": "sparse_quest",
                 "additional_config": cfg(**REAL, quest={"gqa_reduce": "union"}, executor="reference"),
                 **common,
+                "logprobs": NEAR_TIE_TOP,
             },
             {
                 "name": "twilight_sparse_reference",
                 "backend": "sparse_twilight",
                 "additional_config": cfg(**TWILIGHT_REAL, executor="reference"),
                 **common,
+                "logprobs": NEAR_TIE_TOP,
             },
         ],
     }
@@ -116,11 +122,32 @@ def test_real_budget_skips_pages_and_completes(engine_results, name):
 
 
 
+def first_divergences(ref: dict, run: dict) -> list[tuple[int, int, int]]:
+    """``(batch, prompt, position)`` of the first differing greedy token of every sequence that differs."""
+    out = []
+    for b, (batch_ref, batch_run) in enumerate(zip(ref["tokens"], run["tokens"], strict=True)):
+        for p, (a, c) in enumerate(zip(batch_ref, batch_run, strict=True)):
+            if a != c:
+                out.append((b, p, next(i for i, (x, y) in enumerate(zip(a, c)) if x != y)))
+    return out
+
+
 @pytest.mark.parametrize("name", ["quest_sparse", "twilight_sparse"])
 def test_fast_executor_gives_the_reference_executors_tokens(engine_results, name):
     """A real budget: vLLM's CPU attention kernel over the rows (``executor: auto``) and the torch
-    reference executor pick the same greedy tokens (Twilight's rows differ in length per layer)."""
-    assert engine_results[f"{name}_reference"]["tokens"] == engine_results[name]["tokens"]
+    reference executor pick the same greedy tokens (Twilight's rows differ in length per layer), near-ties
+    aside: the two kernels round differently (about 1e-3 in a logprob), so where a sequence parts, the
+    reference must rank both tokens within ``NEAR_TIE`` of each other (this random-weight model has such
+    ties, and which side a machine's rounding takes depends on its CPU: a flip seen in session 39 had the
+    reference's two best at -4.26479 and -4.26489). At most one of the four sequences may part."""
+    ref, run = engine_results[f"{name}_reference"], engine_results[name]
+    parted = first_divergences(ref, run)
+    assert len(parted) <= 1, parted
+    for b, p, i in parted:
+        tops = ref["top_logprobs"][b][p][i]
+        mine, theirs = str(ref["tokens"][b][p][i]), str(run["tokens"][b][p][i])
+        assert mine in tops and theirs in tops, (b, p, i, tops)
+        assert abs(tops[mine] - tops[theirs]) < NEAR_TIE, (b, p, i, tops)
 
 
 def test_prefix_cache_hits_happen(engine_results):
