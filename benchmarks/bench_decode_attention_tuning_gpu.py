@@ -62,6 +62,28 @@ GRIDS = {
 }
 
 
+def compiled_variants(kernel) -> list[dict]:
+    """Registers, spills and shared memory of every compiled variant of a Triton kernel (what decides how many of
+    its programs an SM holds at once: ``resident_per_sm``); empty where this Triton keeps them elsewhere."""
+    out = []
+    try:
+        for cache in kernel.device_caches.values():
+            for compiled in cache[0].values():
+                out.append({"n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
+                            "shared": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps})  # fmt: skip
+    except Exception:  # noqa: BLE001 - a Triton without this layout: the timings stand without it
+        pass
+    return out
+
+
+def resident_per_sm(n_regs: int, shared: int, num_warps: int, device: torch.device) -> int:
+    """Programs of one kernel an SM holds at once, from its registers and shared memory (65,536 registers an SM)."""
+    props = torch.cuda.get_device_properties(device)
+    smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_regs = 65536 // max(1, n_regs * 32 * num_warps)
+    return min(by_regs, smem // max(1, shared + 1024), 32)
+
+
 def layer_cycle(items: list):
     """A function returning ``items`` in turn: the calls captured back to back in one graph
     (``--chain``) read one cache each, as consecutive layers of a model do, not one cache from L2."""
@@ -143,7 +165,8 @@ def flash_sparse_rows(timer, views, query, table, kv_lens, splits: int) -> tuple
 
 
 def case(
-    timer, batch: int, context: int, fraction: float, grid: str, selection: str = "random", chain: int = 1
+    timer, batch: int, context: int, fraction: float, grid: str, selection: str = "random", chain: int = 1,
+    exact_splits: list[int] | None = None,
 ) -> dict:
     policy, step, num_blocks = decode_step(batch, context, fraction, ordered=selection == "first")
     cols = step.columns[policy]
@@ -172,6 +195,8 @@ def case(
     ref = None
     variants = []
     settings = list(itertools.product(*GRIDS[grid]))
+    if exact_splits:  # serving's tile and launch at these splits per row exactly
+        settings = [(BLOCK_N, 4, 3, -x) for x in exact_splits]
     if (BLOCK_N, 4, 3, 2) not in settings:  # the serving default is always timed, first
         settings.insert(0, (BLOCK_N, 4, 3, 2))
     for block_n, warps, stages, pps in settings:
@@ -211,6 +236,11 @@ def case(
                 "max_diff_vs_ours": float((fa_out.float() - ref.float()).abs().max()),
             }  # fmt: skip
     r.update(default=default, best=best, best_speedup=default["ms"] / best["ms"], variants=variants)
+    from vllm_sparse.kernels.decode_attention import _decode_attn_kernel
+
+    r["compiled"] = compiled_variants(_decode_attn_kernel)
+    for c in r["compiled"]:
+        c["resident_per_sm"] = resident_per_sm(c["n_regs"], c["shared"], c["num_warps"], query.device)
     print(json.dumps({k: v for k, v in r.items() if k != "variants"}), flush=True)
     return r
 
@@ -227,6 +257,11 @@ def main() -> None:
         + ",".join(f"{b}:{c}:{f}" for b, c, f in CASES),
     )
     ap.add_argument("--page-size", type=int, default=N, help="tokens per page (Quest's GPU default is 32)")
+    ap.add_argument(
+        "--splits",
+        help="SPLITS,...: time serving's tile and launch at exactly these splits per row instead of --grid "
+        "(e.g. 16,17 for 32 rows: one wave of 4 programs on each of 132 SMs, and 16 programs past it)",
+    )
     ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="QUERY_HEADS:KV_HEADS (Qwen2.5-Coder-1.5B: 12:2)")
     ap.add_argument("--flush", choices=FLUSH_MODES, default="write", help="how the L2 is emptied (gpu_timing)")
     ap.add_argument(
@@ -250,6 +285,7 @@ def main() -> None:
     cases = CASES
     if args.cases:
         cases = [(int(b), int(c), float(f)) for b, c, f in (x.split(":") for x in args.cases.split(","))]
+    exact = [int(x) for x in args.splits.split(",")] if args.splits else None
     torch.manual_seed(0)
     t0 = time.time()
     timer = Timer(args.reps, flush=args.flush)
@@ -268,7 +304,8 @@ def main() -> None:
         "heads": {"query": HQ, "kv": HKV, "head_dim": D},
         "selection": args.selection,
         "chain": args.chain,
-        "cases": [case(timer, b, ctx, f, args.grid, args.selection, args.chain) for b, ctx, f in cases],
+        "splits": args.splits,
+        "cases": [case(timer, b, ctx, f, args.grid, args.selection, args.chain, exact) for b, ctx, f in cases],
     }
     res["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)

@@ -22,8 +22,8 @@ writes ``OUT/gNN/`` and ``OUT/gNN.log``; the joined report is ``OUT/joined/``. C
 
 ``--dense-from RUN`` reuses the dense run of an earlier eval of the same prompts (same model, tasks,
 contexts, samples and seed; a folder of this script's ``gNN`` or ``joined`` kind): every group then runs
-sparse only, and the join pairs them with ``RUN``'s dense (prompt hashes checked), which saves the
-dense engine, the slowest of a run.
+sparse only, and the join pairs them with ``RUN``'s dense alone (prompt hashes checked; its sparse runs are left
+out, so the same backends can run again), which saves the dense engine, the slowest of a run.
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         print("every group failed: nothing to join", flush=True)
         return 1
     runs = done if args.dense_from is None else [args.dense_from, *done]
-    join_runs(args.out / "joined", *runs, allow_dense_mismatch=True)
+    # an earlier eval's folder may hold runs of these very backends beside its dense one: only its dense is reused
+    join_runs(args.out / "joined", *runs, allow_dense_mismatch=True, dense_only=args.dense_from is not None)
     print(f"joined {len(done)} groups into {args.out / 'joined'}; failed groups: {failed or 'none'}", flush=True)
     return 1 if failed else 0
 

@@ -390,6 +390,11 @@ def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
         join_runs(tmp_path / "j4", sparse_only, main)
     with pytest.raises(JoinError, match="already"):
         join_runs(tmp_path / "j5", main, main)
+    # an earlier eval's dense reused for a new run of the same backend: only the main run's dense is taken
+    rerun = _run_folder(tmp_path / "f", ["sparse_quoka"], {"sparse_quoka": ["1", "1", "0"]})
+    joined = join_runs(tmp_path / "j6", main, rerun, dense_only=True)
+    assert [r.backend.label for r in joined.runs] == ["DENSE", "sparse_quoka"]
+    assert [r["output"] for r in joined.runs[1].records] == ["1", "1", "0"]
 
 
 def test_pool_adds_prompts_and_narrows_the_paired_interval(tmp_path):

@@ -38,8 +38,11 @@ def _dense(result):
 
 
 def join_runs(out_dir: str | Path, main_dir: str | Path, *other_dirs: str | Path,
-              allow_dense_mismatch: bool = False, command: str | None = None):  # fmt: skip
+              allow_dense_mismatch: bool = False, command: str | None = None, dense_only: bool = False):  # fmt: skip
     """Join ``other_dirs``' backends into ``main_dir``'s run and write the joined files into ``out_dir``.
+
+    ``dense_only``: take only ``main_dir``'s dense run (its sparse runs are left out), as where an earlier eval's
+    dense reference is reused for new runs of the same backends (``eval_gpu_parallel.py --dense-from``).
 
     Returns the joined result (``vllm_sparse.eval.runner.EvalResult``).
 
@@ -52,6 +55,8 @@ def join_runs(out_dir: str | Path, main_dir: str | Path, *other_dirs: str | Path
     dense = _dense(main)
     if dense is None:
         raise JoinError(f"{main_dir}: no dense run; the first folder must hold the dense reference")
+    if dense_only:
+        main.runs = [dense]
     reference = _hashes(dense)
     reruns: list[dict[str, Any]] = []
     commands = [main.config.command]
@@ -91,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("main", help="the run with the dense reference")
     p.add_argument("others", nargs="+", help="runs on the same prompts whose backends are added")
     p.add_argument("--allow-dense-mismatch", action="store_true")
+    p.add_argument("--dense-only", action="store_true", help="take only the main run's dense backend")
     args = p.parse_args(argv)
     try:
-        result = join_runs(args.out, args.main, *args.others, allow_dense_mismatch=args.allow_dense_mismatch)
+        result = join_runs(
+            args.out, args.main, *args.others, allow_dense_mismatch=args.allow_dense_mismatch, dense_only=args.dense_only
+        )
     except JoinError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
