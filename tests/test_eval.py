@@ -469,12 +469,13 @@ def test_parallel_eval_spreads_groups_over_gpus():
 
 
 def test_parallel_eval_reuses_an_earlier_dense_run(tmp_path, monkeypatch):
-    """eval_gpu_parallel.py --dense-from: every group runs sparse only and is joined with the earlier run's dense."""
+    """eval_gpu_parallel.py --dense-from: every group runs sparse only and is joined with the earlier run's dense
+    alone (its sparse runs are left out, so a group may rerun one of them, as session 40 reran compact)."""
     from pathlib import Path
 
     par = _benchmark_module("eval_gpu_parallel")
-    earlier = _run_folder(
-        tmp_path / "earlier", ["DENSE", "sparse_quoka"], {"DENSE": ["1", "1", "1"], "sparse_quoka": ["1", "0", "1"]}
+    earlier = _run_folder(  # its sparse_quoka matched dense everywhere; the rerun below does not
+        tmp_path / "earlier", ["DENSE", "sparse_quoka"], {"DENSE": ["1", "1", "1"], "sparse_quoka": ["1", "1", "1"]}
     )
     started = []
 
@@ -489,13 +490,14 @@ def test_parallel_eval_reuses_an_earlier_dense_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(par.subprocess, "Popen", FakeEval)
     out = tmp_path / "new"
-    rc = par.main([str(out), "--groups", "quest:0.25", "--dense-from", str(earlier), "--stagger-s", "0", "--",
-                   "--model", "m"])  # fmt: skip
+    rc = par.main([str(out), "--groups", "quest:0.25", "quoka:0.25", "--dense-from", str(earlier), "--stagger-s", "0",
+                   "--", "--model", "m"])  # fmt: skip
     assert rc == 0 and all("--sparse-only" in cmd for cmd in started)
     summary = json.loads((out / "joined" / "summary.json").read_text())
-    assert [b["label"] for b in summary["backends"]] == ["DENSE", "sparse_quoka", "sparse_quest"]
+    assert [b["label"] for b in summary["backends"]] == ["DENSE", "sparse_quest", "sparse_quoka"]
     diffs = {d["backend"]: d["difference"] for d in summary["paired_difference"] if d["task"] == "niah_single"}
     assert diffs["sparse_quest"] == pytest.approx(-1 / 3, abs=1e-4)
+    assert diffs["sparse_quoka"] == pytest.approx(-1 / 3, abs=1e-4)  # the new run's answers, not the earlier one's
 
 
 def test_sparse_only_runs_refuse_a_dense_backend(tiny_llama, tmp_path):
