@@ -395,6 +395,7 @@ def test_join_adds_backends_and_checks_dense_reruns(tmp_path):
     joined = join_runs(tmp_path / "j6", main, rerun, dense_only=True)
     assert [r.backend.label for r in joined.runs] == ["DENSE", "sparse_quoka"]
     assert [r["output"] for r in joined.runs[1].records] == ["1", "1", "0"]
+    assert json.loads((tmp_path / "j6" / "summary.json").read_text())["command"].endswith(" --dense-only")
 
 
 def test_pool_adds_prompts_and_narrows_the_paired_interval(tmp_path):

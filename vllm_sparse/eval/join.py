@@ -83,7 +83,7 @@ def join_runs(out_dir: str | Path, main_dir: str | Path, *other_dirs: str | Path
     main.config.backends = [r.backend for r in main.runs]
     main.config.out_dir = str(out_dir)
     joined = command or "python -m vllm_sparse.eval.join " + " ".join(
-        shlex.quote(str(p)) for p in (out_dir, main_dir, *other_dirs)
+        [shlex.quote(str(p)) for p in (out_dir, main_dir, *other_dirs)] + (["--dense-only"] if dense_only else [])
     )
     main.config.command = "; ".join(c for c in [*commands, joined] if c)
     write_report(main, machine=main_summary["machine"], extra={"dense_reruns": reruns})
