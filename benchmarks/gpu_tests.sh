@@ -11,6 +11,8 @@ set -uo pipefail
 OUT=${1:?usage: gpu_tests.sh OUT_DIR}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
+# the plugin must be installed (entry point) before any stage spends device time
+python3 benchmarks/gpu_preflight.py > "$OUT/preflight.log" 2>&1 || { cat "$OUT/preflight.log" >&2; echo "preflight rc=2" >> "$OUT/status"; exit 2; }
 rc=0
 stage() {  # NAME LOG COMMAND...
   local name=$1 log=$2

@@ -578,6 +578,10 @@ def main() -> None:
     if args.cmd == "collect":
         print(json.dumps(collect(Path(args.dir))["summary"], indent=1))
         return
+    from gpu_preflight import plugin_problems
+
+    if any(b.split("+")[0].startswith("sparse_") for b in args.backends.split(",")) and (bad := plugin_problems()):
+        raise SystemExit("serve_bench: vllm-sparse would not load: " + "; ".join(bad))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.real_model:
