@@ -24,7 +24,7 @@ stage() {  # NAME LOG COMMAND...
 }
 stage "gpu tests" gpu_tests.log python3 -m pytest -q tests/gpu --ignore=tests/gpu/test_vllm_e2e_gpu.py \
   --ignore=tests/gpu/test_tp_e2e_gpu.py tests/test_kernels_triton_compact.py tests/test_kernels_triton_decode_write.py \
-  tests/test_kernels_triton_kascade.py tests/test_decode_path.py -p no:cacheprovider
+  tests/test_kernels_triton_kascade.py tests/test_decode_path.py -p no:cacheprovider --durations=30
 stage "e2e" e2e.out python3 benchmarks/e2e_gpu.py tiny --out "$OUT/e2e" --parallel
 VLLM_SPARSE_E2E_TINY_JSON="$OUT/e2e/e2e_gpu_tiny.json" stage "e2e pytest" gpu_e2e_tests.log \
   python3 -m pytest -q tests/gpu/test_vllm_e2e_gpu.py -p no:cacheprovider
