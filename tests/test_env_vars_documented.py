@@ -1,16 +1,17 @@
-"""Every environment variable the package reads has a row in the README's table (Configuration, Environment
+"""Every environment variable the package reads (its Python and its native CPU kernels) has a row in the README's table (Configuration, Environment
 variables), and the table names none the package no longer reads."""
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = re.compile(r"\b((?:VLLM_SPARSE|SPARSE_ATTENTION)_[A-Z_]+)\b")
+NAME = re.compile(r"\b((?:VLLM_SPARSE|SPARSE_ATTENTION)_[A-Z0-9_]+)\b")
 
 
 def _read_by_package() -> set[str]:
     names = set()
-    for path in (ROOT / "vllm_sparse").rglob("*.py"):
+    sources = [*(ROOT / "vllm_sparse").rglob("*.py"), *(ROOT / "csrc").rglob("*.[ch]*")]  # Python and native kernels
+    for path in sources:
         names |= {m for m in NAME.findall(path.read_text()) if not m.endswith("_")}
     return names
 
