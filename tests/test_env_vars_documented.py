@@ -1,5 +1,5 @@
-"""Every environment variable the package reads (its Python and its native CPU kernels) has a row in the README's table (Configuration, Environment
-variables), and the table names none the package no longer reads."""
+"""Every environment variable the package reads (its Python and its native CPU kernels) has a row in the README's
+table (Configuration, Environment variables), and the table names none the package no longer reads."""
 
 import re
 from pathlib import Path
