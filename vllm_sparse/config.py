@@ -473,6 +473,12 @@ class LayerPolicy:
     # dense because it covers the context
     select_all: bool = False
 
+    @property
+    def decodes_dense(self) -> bool:
+        """Every decode row of this layer attends its whole context, whatever the step holds (a dense layer, or
+        ``sparse_decode`` off): a static property, so a captured decode graph fits every replay."""
+        return self.dense or not self.sparse_decode
+
 
 @dataclass(frozen=True)
 class ResolvedConfig:

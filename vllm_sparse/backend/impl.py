@@ -15,6 +15,7 @@ from vllm.v1.attention.backend import AttentionImpl, AttentionType
 
 from vllm_sparse import stats
 from vllm_sparse.backend import meta_check
+from vllm_sparse.backend.dense_decode import run_dense_decode
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import kv_heads_of_rank
@@ -262,7 +263,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             )
         decode = attn_metadata.decode
         if decode is not None:
-            self._forward_decode(query, views, decode, output)
+            self._forward_decode(query, views, decode, output, attn_metadata.dense_decode)
         if attn_metadata.has_prefill:
             n = attn_metadata.num_actual_tokens
             self._forward_planned(query[:n], views, attn_metadata, output[:n])
@@ -298,9 +299,13 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             self.num_heads, self.scale, dtype, -(-self.max_model_len // self.block_size),
         )  # fmt: skip
 
-    def _forward_decode(self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor):
+    def _forward_decode(
+        self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor, dense_decode=None
+    ):
         """The decode block (requests and query rows ``[0, B)``), device-driven: the same launches
-        for any lengths (a CUDA graph per batch size replays them), no host sync, no host loop."""
+        for any lengths (a CUDA graph per batch size replays them), no host sync, no host loop.
+        ``dense_decode``: the step's FlashAttention plan (``backend.dense_decode``), which layers whose
+        policy decodes every row dense run instead of the Triton kernel."""
         from vllm_sparse.kernels.decode_attention import decode_attention_triton
 
         b, layout = decode.num_reqs, views.layout
@@ -308,6 +313,10 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         observe = getattr(self.selector, "observe_decode", None)
         if observe is not None:  # every layer, dense or sparse (Kascade: anchor layers score)
             observe(query, views.page_keys, layout, decode)
+        if dense_decode is not None and self.policy.decodes_dense:  # FLASH_ATTN's own decode call
+            run_dense_decode(dense_decode, query[:b], views.keys, views.values, decode.block_table, self.scale,
+                             output[:b])  # fmt: skip
+            return
         if decode.selects(self.policy):
             pages, counts = self.selector.select_decode(query, views.page_keys, layout, views.meta, decode, self.policy)
         elif decode.no_counts is not None and decode.no_counts.shape[0] == rows:

@@ -38,6 +38,7 @@ from vllm.v1.attention.backend import (
 )
 
 from vllm_sparse import stats
+from vllm_sparse.backend.dense_decode import DenseDecode, DenseDecodePlan
 from vllm_sparse.backend.dense_prefill import DenseRows
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
@@ -64,6 +65,8 @@ class SparseAttentionMetadata:
         slot_mapping: ``int64 [T]`` on the device.
         dense_rows: the same requests as one dense attention call (GPUs), for layers whose plan
             runs every one of them dense (``backend.dense_prefill``).
+        dense_decode: the decode block's FlashAttention call (GPUs with FA3), for layers whose policy
+            decodes every row dense (``backend.dense_decode``); None: those rows take the Triton kernel.
     """
 
     num_actual_tokens: int
@@ -74,6 +77,7 @@ class SparseAttentionMetadata:
     page_size: int
     decode: DecodeStep | None = None
     dense_rows: DenseRows | None = None
+    dense_decode: DenseDecodePlan | None = None
     sparse_pays: SparsePays | None = None  # the prefill cost decision (``vllm_sparse.cost``)
     anchor: AnchorScores = field(default_factory=AnchorScores, repr=False)  # Kascade, every plan's state
     dense: tuple[bool, ...] = ()  # per request, True where it runs dense whatever the policy (dense tails)
@@ -170,6 +174,16 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 anchor_scores=impls[0][1].method == "kascade",
                 group_size=impls[0][1].num_heads // self._num_kv_heads,
             )
+        # dense decode rows through vLLM's FlashAttention 3 (planned here once per step, shared by the layers)
+        self._dense_decode = None
+        if self._decode is not None and any(p.decodes_dense for p in self._layer_policies):
+            impl = impls[0][1]
+            graphs = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+            self._dense_decode = DenseDecode.create(
+                impl.num_heads, self._num_kv_heads, impl.head_size, self.page_size, kv_cache_spec.dtype,
+                vllm_config.scheduler_config.max_num_seqs, graphs,
+                vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph, device,
+            )  # fmt: skip
 
     @staticmethod
     def _impls(vllm_config, layer_names) -> list[tuple[str, object, LayerPolicy]]:
@@ -225,6 +239,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         if nd:
             decode = self._decode.write(seq_cpu[:nd], cm.block_table_tensor)
             self._count_decode(decode)
+        dense_decode = None
+        if decode is not None and self._dense_decode is not None:
+            dense_decode = self._dense_decode.plan(cm.seq_lens[:nd], int(seq_cpu[:nd].max()))
         meta = SparseAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             query_start_loc=qsl[nd:].tolist(),
@@ -233,6 +250,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             slot_mapping=cm.slot_mapping,
             page_size=self.page_size,
             decode=decode,
+            dense_decode=dense_decode,
             sparse_pays=self._sparse_pays,
         )
         if meta.has_prefill and self._decode is not None:  # GPUs: the dense call of the prefill rows
