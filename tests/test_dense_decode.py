@@ -32,7 +32,10 @@ def test_without_flashattention_3_or_when_switched_off_there_is_no_plan(monkeypa
     import torch
 
     args = (32, 8, 128, 16, torch.bfloat16, 16, 32, 32, torch.device("cpu"))
-    assert DenseDecode.create(*args) is None  # no FlashAttention on this platform
+    monkeypatch.setattr("vllm_sparse.backend.dense_decode.flash_attn_version", lambda *a: None)
+    assert DenseDecode.create(*args) is None  # no FlashAttention on this platform (CPUs)
+    monkeypatch.setattr("vllm_sparse.backend.dense_decode.flash_attn_version", lambda *a: 2)
+    assert DenseDecode.create(*args) is None  # FA2: no scheduler metadata for graphs, the Triton kernel stays
     monkeypatch.setattr("vllm_sparse.backend.dense_decode.flash_attn_version", lambda *a: 3)
     monkeypatch.setenv(DENSE_DECODE_ENV, "triton")
     assert DenseDecode.create(*args) is None
