@@ -97,7 +97,7 @@ class DecodeStep:
     def selects(self, policy: LayerPolicy) -> bool:
         """Whether rows of ``policy`` may select pages at all (a static property of the policy,
         never of the step's data, so that the launches of a captured graph fit every replay)."""
-        return not policy.dense and policy.sparse_decode and self.select_caps[policy] > 0
+        return not policy.decodes_dense and self.select_caps[policy] > 0
 
 
 class DecodeColumns:

@@ -262,7 +262,7 @@ def decode_columns(policy: LayerPolicy, page_size: int, seq_lens: np.ndarray) ->
     selectable = past - head - (past - tail)
     num_select = np.minimum(selectable, np.maximum(0, -(-budget // n) - head - (past - tail)))
     dense = (
-        np.full(seq.shape, policy.dense or not policy.sparse_decode)
+        np.full(seq.shape, policy.decodes_dense)
         | (ctx == 0)
         | (ctx < policy.dense_below_tokens)
         | (seq <= 0)
