@@ -17,6 +17,7 @@ from vllm_sparse import stats
 from vllm_sparse.backend import meta_check
 from vllm_sparse.backend.dense_decode import run_dense_decode
 from vllm_sparse.backend.metadata import SparseAttentionMetadata
+from vllm_sparse.backend.sparse_decode_rows import run_sparse_rows
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import kv_heads_of_rank
 from vllm_sparse.decode_step import DecodeStep
@@ -263,7 +264,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             )
         decode = attn_metadata.decode
         if decode is not None:
-            self._forward_decode(query, views, decode, output, attn_metadata.dense_decode)
+            self._forward_decode(query, views, decode, output, attn_metadata.dense_decode, attn_metadata.sparse_rows)
         if attn_metadata.has_prefill:
             n = attn_metadata.num_actual_tokens
             self._forward_planned(query[:n], views, attn_metadata, output[:n])
@@ -300,12 +301,14 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         )  # fmt: skip
 
     def _forward_decode(
-        self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor, dense_decode=None
-    ):
+        self, query: torch.Tensor, views: CacheViews, decode: DecodeStep, output: torch.Tensor, dense_decode=None,
+        sparse_rows=None,
+    ):  # fmt: skip
         """The decode block (requests and query rows ``[0, B)``), device-driven: the same launches
         for any lengths (a CUDA graph per batch size replays them), no host sync, no host loop.
         ``dense_decode``: the step's FlashAttention plan (``backend.dense_decode``), which layers whose
-        policy decodes every row dense run instead of the Triton kernel."""
+        policy decodes every row dense run instead of the Triton kernel; ``sparse_rows``: per selecting
+        policy, the FlashAttention plan its rows take after their selection (``backend.sparse_decode_rows``)."""
         from vllm_sparse.kernels.decode_attention import decode_attention_triton
 
         b, layout = decode.num_reqs, views.layout
@@ -319,6 +322,11 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
             return
         if decode.selects(self.policy):
             pages, counts = self.selector.select_decode(query, views.page_keys, layout, views.meta, decode, self.policy)
+            rows_plan = sparse_rows.get(self.policy) if sparse_rows else None
+            if rows_plan is not None:  # FLASH_ATTN's decode kernel over the selected pages
+                run_sparse_rows(rows_plan, query[:b], views.page_keys, views.page_values, decode.block_table, pages,
+                                counts, decode.columns[self.policy], layout.num_head_slots, self.scale, output[:b])  # fmt: skip
+                return
         elif decode.no_counts is not None and decode.no_counts.shape[0] == rows:
             pages, counts = decode.no_pages, decode.no_counts  # dense: every row attends all its pages
         else:

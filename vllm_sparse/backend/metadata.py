@@ -40,6 +40,7 @@ from vllm.v1.attention.backend import (
 from vllm_sparse import stats
 from vllm_sparse.backend.dense_decode import DenseDecode, DenseDecodePlan
 from vllm_sparse.backend.dense_prefill import DenseRows
+from vllm_sparse.backend.sparse_decode_rows import SparseDecodeRows, SparseRowsPlan
 from vllm_sparse.backend.startup import load_config
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.cost import decode_break_even_tokens, prefill_cost
@@ -67,6 +68,8 @@ class SparseAttentionMetadata:
             runs every one of them dense (``backend.dense_prefill``).
         dense_decode: the decode block's FlashAttention call (GPUs with FA3), for layers whose policy
             decodes every row dense (``backend.dense_decode``); None: those rows take the Triton kernel.
+        sparse_rows: per selecting policy, the decode block's FlashAttention call after the layer's selection
+            (``backend.sparse_decode_rows``, ``VLLM_SPARSE_SPARSE_DECODE=flash``); None: the Triton kernel.
     """
 
     num_actual_tokens: int
@@ -78,6 +81,7 @@ class SparseAttentionMetadata:
     decode: DecodeStep | None = None
     dense_rows: DenseRows | None = None
     dense_decode: DenseDecodePlan | None = None
+    sparse_rows: dict[LayerPolicy, SparseRowsPlan] | None = None
     sparse_pays: SparsePays | None = None  # the prefill cost decision (``vllm_sparse.cost``)
     anchor: AnchorScores = field(default_factory=AnchorScores, repr=False)  # Kascade, every plan's state
     dense: tuple[bool, ...] = ()  # per request, True where it runs dense whatever the policy (dense tails)
@@ -184,6 +188,17 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 vllm_config.scheduler_config.max_num_seqs, graphs,
                 vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph, device,
             )  # fmt: skip
+        # selected decode rows through it too, for selectors that select exactly SELECT pages (lengths known here)
+        self._sparse_rows = None
+        if self._decode is not None and impls and impls[0][1].selector.fixed_counts:
+            impl = impls[0][1]
+            graphs = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+            self._sparse_rows = SparseDecodeRows.create(
+                [p for p in self._layer_policies if not p.decodes_dense and self._decode.select_caps[p] > 0],
+                impl.num_heads, self._num_kv_heads, impl.head_size, self.page_size, kv_cache_spec.dtype,
+                vllm_config.scheduler_config.max_num_seqs, vllm_config.model_config.max_model_len, graphs,
+                vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph, device,
+            )  # fmt: skip
 
     @staticmethod
     def _impls(vllm_config, layer_names) -> list[tuple[str, object, LayerPolicy]]:
@@ -242,6 +257,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
         dense_decode = None
         if decode is not None and self._dense_decode is not None:
             dense_decode = self._dense_decode.plan(cm.seq_lens[:nd], int(seq_cpu[:nd].max()))
+        sparse_rows = None
+        if decode is not None and self._sparse_rows is not None:
+            sparse_rows = self._sparse_rows.plan(decode)
         meta = SparseAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             query_start_loc=qsl[nd:].tolist(),
@@ -251,6 +269,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             page_size=self.page_size,
             decode=decode,
             dense_decode=dense_decode,
+            sparse_rows=sparse_rows,
             sparse_pays=self._sparse_pays,
         )
         if meta.has_prefill and self._decode is not None:  # GPUs: the dense call of the prefill rows

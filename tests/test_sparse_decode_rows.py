@@ -1,0 +1,137 @@
+"""Selected decode rows as FlashAttention sequences (``backend.sparse_decode_rows``), checked without a GPU:
+
+- the row-table kernel (``kernels.decode_row_tables``, Triton's interpreter on CPU) equals its torch twin, padding,
+  dense and sparse rows alike;
+- those tables read by the torch twin of FlashAttention's paged call (``flash_rows.flash_varlen_reference``) give the
+  Triton decode kernel's twin (``decode_attention_reference``): the same tokens in the same order;
+- the lengths the builder plans on the host (``row_lengths``) are the ones the kernel writes for rows that select
+  exactly ``SELECT`` pages;
+- the switch, and no plan without FlashAttention 3.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from triton_interpret import DEVICE, in_process, rerun_in_fresh_process
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+from helpers import single_thread  # noqa: E402,F401  (autouse fixture)
+
+from vllm_sparse.backend.flash_rows import flash_varlen_reference  # noqa: E402
+from vllm_sparse.backend.sparse_decode_rows import (  # noqa: E402
+    SPARSE_DECODE_ENV,
+    SparseDecodeRows,
+    row_lengths,
+    sparse_decode_kernel,
+)
+from vllm_sparse.config import SparseConfig  # noqa: E402
+from vllm_sparse.kernels.decode_attention import decode_attention_reference  # noqa: E402
+from vllm_sparse.kernels.decode_row_tables import decode_row_tables_reference, decode_row_tables_triton  # noqa: E402
+from vllm_sparse.policy import HEAD, SELECT, TAIL, decode_columns, select_cap  # noqa: E402
+
+test_in_fresh_process = rerun_in_fresh_process(__file__)
+
+MAX_LEN = 4096
+
+
+def _case(seed: int, hkv: int, page: int, seqs: list[int], sparse_decode: bool = True):
+    """Columns of a Quest policy (sink, local window, budget) for ``seqs``, a random block table with distinct
+    blocks, and a selection of exactly ``SELECT`` distinct logical pages per row from ``[HEAD, TAIL)``."""
+    rng = random.Random(seed)
+    cfg = SparseConfig(method="quest", sparse_decode=sparse_decode, sink_tokens=rng.choice([0, 16, 40]),
+                       local_tokens=rng.choice([0, 64, 200]), dense_below_tokens=rng.choice([0, 300]),
+                       budget={"fraction": rng.choice([0.125, 0.25]), "min_tokens": 0})  # fmt: skip
+    policy = cfg.for_layer(3)
+    cols = decode_columns(policy, page, np.array(seqs))
+    cap = max(1, select_cap(policy, page, MAX_LEN))
+    b, max_blocks = len(seqs), MAX_LEN // page + 1
+    blocks = torch.stack([torch.randperm(3 * max_blocks, generator=torch.Generator().manual_seed(seed + i))[:max_blocks]
+                          for i in range(b)]).int()  # fmt: skip
+    pages = torch.zeros(b * hkv, cap, dtype=torch.int32)
+    for r in range(b * hkv):
+        c = cols[r // hkv]
+        pick = rng.sample(range(int(c[HEAD]), int(c[TAIL])), int(c[SELECT]))
+        pages[r, : len(pick)] = torch.tensor(pick, dtype=torch.int32)
+    counts = torch.from_numpy(np.repeat(cols[:, SELECT], hkv)).int()
+    return torch.from_numpy(cols).int(), blocks, pages, counts
+
+
+SEQS = [0, 1, 17, 250, 333, 1000, 2049, 4000]  # padding, dense (short), sparse; lengths ending inside a page
+
+
+@in_process
+@pytest.mark.parametrize("hkv", [1, 2, 8])
+@pytest.mark.parametrize("page", [16, 32])
+def test_kernel_equals_twin(hkv, page):
+    cols, blocks, pages, counts = _case(hkv * 100 + page, hkv, page, SEQS)
+    slots = hkv + 3  # metadata slots after the heads
+    width = MAX_LEN // page + 1
+    table = torch.full((len(SEQS) * hkv, width), -7, dtype=torch.int32)
+    lens = torch.full((len(SEQS) * hkv,), -7, dtype=torch.int32)
+    t, lens_d = table.to(DEVICE), lens.to(DEVICE)
+    decode_row_tables_triton(blocks.to(DEVICE), pages.to(DEVICE), counts.to(DEVICE), cols.to(DEVICE), slots, page,
+                             t, lens_d)  # fmt: skip
+    want_tables, want_lens = decode_row_tables_reference(blocks, pages, counts, cols, slots, page)
+    assert torch.equal(lens_d.cpu(), want_lens)
+    assert torch.equal(lens_d.cpu().long(), torch.from_numpy(np.repeat(row_lengths(cols.numpy(), page), hkv)))
+    for r, want in enumerate(want_tables):
+        got = t.cpu()[r]
+        assert torch.equal(got[: want.numel()].long(), want), r
+        assert (got[want.numel() :] == -7).all()  # nothing written past a row's entries
+    assert any(x.numel() > 0 for x in want_tables) and (want_lens == 0).any()
+    sparse = cols[:, SELECT] > 0
+    assert sparse.any() and (~sparse & (cols[:, 3] > 0)).any()  # sparse rows and dense rows both present
+
+
+@pytest.mark.parametrize("hkv,g", [(2, 6), (8, 4)])
+def test_tables_read_by_flashattention_give_the_decode_kernel(hkv, g):
+    page, d, slots = 16, 32, hkv + 1
+    cols, blocks, pages, counts = _case(7 + hkv, hkv, page, SEQS)
+    gen = torch.Generator().manual_seed(hkv)
+    num_blocks = int(blocks.max()) + 1
+    cache_k = torch.randn(num_blocks * slots, page, d, generator=gen)  # [num_pages, N, D] by page id
+    cache_v = torch.randn(num_blocks * slots, page, d, generator=gen)
+    b = len(SEQS)
+    query = torch.randn(b, hkv * g, d, generator=gen)
+    want = decode_attention_reference(query, cache_k, cache_v, blocks, pages, counts, cols, slots, 0.3)
+
+    tables, lens = decode_row_tables_reference(blocks, pages, counts, cols, slots, page)
+    width = max(1, max(x.numel() for x in tables))
+    table = torch.zeros(b * hkv, width, dtype=torch.int32)
+    for r, x in enumerate(tables):
+        table[r, : x.numel()] = x.int()
+    out = torch.zeros(b * hkv, g, d)
+    flash_varlen_reference(
+        q=query.reshape(b * hkv, g, d), k=cache_k.unsqueeze(2), v=cache_v.unsqueeze(2), out=out,
+        cu_seqlens_q=torch.arange(b * hkv + 1, dtype=torch.int32), max_seqlen_q=1, seqused_k=lens,
+        max_seqlen_k=int(lens.max()), softmax_scale=0.3, causal=True, block_table=table, fa_version=3,
+    )  # fmt: skip
+    got = out.view(b, hkv * g, d)
+    empty = lens.view(b, hkv)[:, 0] == 0
+    assert torch.allclose(got[~empty], want[~empty], atol=1e-5)  # padding rows: FlashAttention leaves them
+
+
+def test_switch_defaults_to_triton_and_refuses_anything_else():
+    assert sparse_decode_kernel({}) == "triton"
+    assert sparse_decode_kernel({SPARSE_DECODE_ENV: " Flash "}) == "flash"
+    with pytest.raises(ValueError, match="triton, flash"):
+        sparse_decode_kernel({SPARSE_DECODE_ENV: "fa4"})
+
+
+def test_no_plan_unless_switched_on_with_flashattention_3(monkeypatch):
+    policy = SparseConfig(method="quest").for_layer(3)
+    args = ([policy], 32, 8, 128, 16, torch.bfloat16, 16, 4096, 32, 32, torch.device("cpu"))
+    monkeypatch.setattr("vllm_sparse.backend.sparse_decode_rows.flash_attn_version", lambda *a: 3)
+    assert SparseDecodeRows.create(*args) is None  # the default: the Triton decode kernel
+    monkeypatch.setenv(SPARSE_DECODE_ENV, "flash")
+    monkeypatch.setattr("vllm_sparse.backend.sparse_decode_rows.flash_attn_version", lambda *a: None)
+    assert SparseDecodeRows.create(*args) is None  # no FlashAttention on this platform
+    monkeypatch.setattr("vllm_sparse.backend.sparse_decode_rows.flash_attn_version", lambda *a: 2)
+    assert SparseDecodeRows.create(*args) is None
+    monkeypatch.setattr("vllm_sparse.backend.sparse_decode_rows.flash_attn_version", lambda *a: 3)
+    assert SparseDecodeRows.create([], *args[1:]) is None  # no selecting policy
