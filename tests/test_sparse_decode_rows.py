@@ -52,13 +52,19 @@ def _case(seed: int, hkv: int, page: int, seqs: list[int], sparse_decode: bool =
     b, max_blocks = len(seqs), MAX_LEN // page + 1
     blocks = torch.stack([torch.randperm(3 * max_blocks, generator=torch.Generator().manual_seed(seed + i))[:max_blocks]
                           for i in range(b)]).int()  # fmt: skip
-    pages = torch.zeros(b * hkv, cap, dtype=torch.int32)
-    for r in range(b * hkv):
+    pages, counts = _selection(cols, hkv, cap, rng)
+    return torch.from_numpy(cols).int(), blocks, pages, counts
+
+
+def _selection(cols: np.ndarray, hkv: int, cap: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exactly ``SELECT`` distinct logical pages per row from ``[HEAD, TAIL)`` (``int32 [B * Hkv, cap]``), and the
+    counts."""
+    pages = torch.zeros(cols.shape[0] * hkv, cap, dtype=torch.int32)
+    for r in range(pages.shape[0]):
         c = cols[r // hkv]
         pick = rng.sample(range(int(c[HEAD]), int(c[TAIL])), int(c[SELECT]))
         pages[r, : len(pick)] = torch.tensor(pick, dtype=torch.int32)
-    counts = torch.from_numpy(np.repeat(cols[:, SELECT], hkv)).int()
-    return torch.from_numpy(cols).int(), blocks, pages, counts
+    return pages, torch.from_numpy(np.repeat(cols[:, SELECT], hkv)).int()
 
 
 SEQS = [0, 1, 17, 250, 333, 1000, 2049, 4000]  # padding, dense (short), sparse; lengths ending inside a page
@@ -135,3 +141,59 @@ def test_no_plan_unless_switched_on_with_flashattention_3(monkeypatch):
     assert SparseDecodeRows.create(*args) is None
     monkeypatch.setattr("vllm_sparse.backend.sparse_decode_rows.flash_attn_version", lambda *a: 3)
     assert SparseDecodeRows.create([], *args[1:]) is None  # no selecting policy
+
+
+def _twin_attend(**kw):
+    """FlashAttention's paged varlen call through its torch twin (which schedules on its own)."""
+    kw.pop("scheduler_metadata"), kw.pop("num_splits")
+    return flash_varlen_reference(**kw)
+
+
+def _twin_schedule(**kw):
+    """A stand-in for FA3's scheduler metadata: records what the plan asked for."""
+    _twin_schedule.calls.append(kw)
+    return torch.arange(5, dtype=torch.int32)
+
+
+@in_process
+def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel():
+    """``SparseDecodeRows.plan`` on a real step of decode columns, then ``run_sparse_rows`` (the row-table kernel,
+    FlashAttention's twin) over a query whose rows are strided as vLLM's query slices are: the decode kernel's twin,
+    steps after steps through the same persistent buffers, with lengths of growing and shrinking batches."""
+    from vllm_sparse.backend.sparse_decode_rows import run_sparse_rows
+    from vllm_sparse.decode_step import DecodeColumns
+
+    hq, hkv, page, d, slots = 12, 2, 16, 32, 3
+    policy = SparseConfig(method="quest", sink_tokens=16, local_tokens=64, dense_below_tokens=300,
+                          budget={"fraction": 0.125, "min_tokens": 0}).for_layer(3)  # fmt: skip
+    cpu = torch.device("cpu")
+    columns = DecodeColumns([policy], page, 8, MAX_LEN, cpu, num_kv_heads=hkv)
+    _twin_schedule.calls = []
+    rows = SparseDecodeRows([policy], hq, hkv, d, page, torch.float32, max_reqs=8, max_model_len=MAX_LEN,
+                            max_graph_batch=4, max_splits=32, device=cpu, attend=_twin_attend,
+                            schedule=_twin_schedule)  # fmt: skip
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(800, slots, page, 2 * d, generator=gen)
+    page_keys = cache.view(800 * slots, page, 2 * d)[:, :, :d]  # the interleaved head-major layout's views
+    page_values = cache.view(800 * slots, page, 2 * d)[:, :, d:]
+    for step, seqs in enumerate([[4000, 17, 2500, 0], [333, 4096], [1, 640, 1500, 3000, 2222, 0]]):
+        b = len(seqs)
+        rng = random.Random(step)
+        block_table = torch.stack([torch.randperm(800, generator=gen)[: MAX_LEN // page + 1] for _ in seqs]).int()
+        decode = columns.write(np.array(seqs), block_table)
+        cols = decode.host_columns[policy]
+        pages, counts = _selection(cols, hkv, max(1, columns.select_caps[policy]), rng)
+        qkv = torch.randn(b, hq + 2 * hkv, d, generator=gen)  # the query a slice of a fused projection
+        query = qkv[:, :hq]
+        out = torch.zeros(b, hq, d)
+        plan = rows.plan(decode)[policy]
+        assert plan.rows == b * hkv and plan.num_splits == (32 if b <= 4 else 0)
+        assert _twin_schedule.calls[-1]["batch_size"] == b * hkv
+        assert _twin_schedule.calls[-1]["max_seqlen_k"] == max(1, int(row_lengths(cols, page).max()))
+        run_sparse_rows(plan, query, page_keys, page_values, decode.block_table, pages, counts,
+                        decode.columns[policy], slots, d**-0.5, out)  # fmt: skip
+        want = decode_attention_reference(query, page_keys, page_values, block_table, pages, counts,
+                                          decode.columns[policy], slots, d**-0.5)  # fmt: skip
+        live = torch.tensor(seqs) > 0
+        assert torch.allclose(out[live], want[live], atol=1e-5), step
+        assert (cols[:, SELECT] > 0).any()

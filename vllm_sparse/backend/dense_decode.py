@@ -30,12 +30,18 @@ DENSE_DECODE_ENV = "VLLM_SPARSE_DENSE_DECODE"
 KERNELS = ("flash", "triton")
 
 
+def kernel_switch(name: str, kernels: tuple[str, ...], environ=os.environ) -> str:
+    """The decode kernel that environment variable ``name`` picks among ``kernels`` (the first when unset or empty;
+    case and spaces ignored); anything else is refused."""
+    text = (environ.get(name) or kernels[0]).strip().lower()
+    if text not in kernels:
+        raise ValueError(f"{name}={text!r}: expected one of {', '.join(kernels)}")
+    return text
+
+
 def dense_decode_kernel(environ=os.environ) -> str:
     """``VLLM_SPARSE_DENSE_DECODE``: ``flash`` (default, also when empty) or ``triton``."""
-    text = (environ.get(DENSE_DECODE_ENV) or "flash").strip().lower()
-    if text not in KERNELS:
-        raise ValueError(f"{DENSE_DECODE_ENV}={text!r}: expected one of {', '.join(KERNELS)}")
-    return text
+    return kernel_switch(DENSE_DECODE_ENV, KERNELS, environ)
 
 
 @dataclass(frozen=True)

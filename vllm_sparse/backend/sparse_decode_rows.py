@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_sparse.backend.dense_decode import kernel_switch
 from vllm_sparse.backend.dense_prefill import flash_attn_version
 from vllm_sparse.config import LayerPolicy
 from vllm_sparse.decode_step import DecodeStep
@@ -40,10 +41,7 @@ KERNELS = ("triton", "flash")
 
 def sparse_decode_kernel(environ=os.environ) -> str:
     """``VLLM_SPARSE_SPARSE_DECODE``: ``triton`` (default, also when empty) or ``flash``."""
-    text = (environ.get(SPARSE_DECODE_ENV) or "triton").strip().lower()
-    if text not in KERNELS:
-        raise ValueError(f"{SPARSE_DECODE_ENV}={text!r}: expected one of {', '.join(KERNELS)}")
-    return text
+    return kernel_switch(SPARSE_DECODE_ENV, KERNELS, environ)
 
 
 def row_lengths(host_columns: np.ndarray, page_size: int) -> np.ndarray:
@@ -89,11 +87,15 @@ class SparseDecodeRows:
     def __init__(
         self, policies: list[LayerPolicy], num_heads_q: int, num_heads_kv: int, head_size: int, page_size: int,
         kv_dtype: torch.dtype, max_reqs: int, max_model_len: int, max_graph_batch: int, max_splits: int,
-        device: torch.device,
+        device: torch.device, attend: Callable | None = None, schedule: Callable | None = None,
     ):  # fmt: skip
-        from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+        """attend, schedule: vLLM's ``flash_attn_varlen_func`` and ``get_scheduler_metadata`` (default; a CPU test
+        passes torch twins)."""
+        if attend is None or schedule is None:
+            from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 
-        self._attend, self._schedule = flash_attn_varlen_func, get_scheduler_metadata
+            attend, schedule = attend or flash_attn_varlen_func, schedule or get_scheduler_metadata
+        self._attend, self._schedule = attend, schedule
         self.policies = list(dict.fromkeys(policies))
         self.group, self.num_kv_heads, self.head_size = num_heads_q // num_heads_kv, num_heads_kv, head_size
         self.page_size, self.kv_dtype = page_size, kv_dtype

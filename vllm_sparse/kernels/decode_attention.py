@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm_sparse.kernels.decode_row_tables import decode_row_extent, decode_row_logical_pages
 from vllm_sparse.kernels.paged_attention import num_sms
 from vllm_sparse.kernels.pdl import launch_options, pdl_wait_then_release
 from vllm_sparse.kernels.split_merge import merge_partial_vectors
@@ -101,15 +102,10 @@ def _decode_attn_kernel(
     pdl_wait_then_release(USE_PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
-    req = row // HKV
     kv = row % HKV
-    cb = cols_ptr + req * NCOLS
-    head = tl.load(cb + C_HEAD)
-    tail = tl.load(cb + C_TAIL)
-    total = tl.load(cb + C_TOTAL)
-    last = tl.load(cb + C_LAST)
-    k_sel = tl.load(count_ptr + row)
-    n_pages = k_sel + head + total - tail
+    req, head, tail, total, last, k_sel, n_pages = decode_row_extent(
+        cols_ptr, count_ptr, row, HKV, NCOLS, C_HEAD, C_TAIL, C_TOTAL, C_LAST
+    )
     kv_len = tl.where(total > 0, (n_pages - 1) * PAGE + last, 0)
     share = tl.cdiv(tl.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
     lo = split * share
@@ -136,11 +132,7 @@ def _decode_attn_kernel(
         t = start + tl.arange(0, BLOCK_N)
         tm = t < hi
         j = t // PAGE
-        is_sel = j < k_sel
-        jf = j - k_sel
-        forced = tl.where(jf < head, jf, tail + jf - head)
-        picked = tl.load(sel_row + j, mask=tm & is_sel, other=0)
-        logical = tl.where(is_sel, picked, forced)
+        logical = decode_row_logical_pages(j, tm, k_sel, head, tail, sel_row)
         blk = tl.load(bt_row + logical, mask=tm, other=0).to(tl.int64)
         page = blk * head_slots + kv
         off = t % PAGE

@@ -22,6 +22,34 @@ from vllm_sparse.policy import HEAD, LAST, NUM_COLUMNS, TAIL, TOTAL
 BLOCK = 256
 
 
+@triton.jit
+def decode_row_extent(
+    cols_ptr, count_ptr, row, HKV: tl.constexpr, NCOLS: tl.constexpr, C_HEAD: tl.constexpr, C_TAIL: tl.constexpr,
+    C_TOTAL: tl.constexpr, C_LAST: tl.constexpr,
+):  # fmt: skip
+    """A decode row's request, its forced ranges ``[0, head) + [tail, total)``, ``last`` tokens in its last page,
+    ``k_sel`` selected pages and ``n_pages`` pages in all (meaningful where ``total > 0``; 0 marks padding)."""
+    req = row // HKV
+    cb = cols_ptr + req * NCOLS
+    head = tl.load(cb + C_HEAD)
+    tail = tl.load(cb + C_TAIL)
+    total = tl.load(cb + C_TOTAL)
+    last = tl.load(cb + C_LAST)
+    k_sel = tl.load(count_ptr + row)
+    return req, head, tail, total, last, k_sel, k_sel + head + total - tail
+
+
+@triton.jit
+def decode_row_logical_pages(j, mask, k_sel, head, tail, sel_row):
+    """Logical page of the row's ``j``-th entries (``j < k_sel``: its selection ``sel_row[j]``; then the forced
+    pages in order); ``mask``: the entries that exist."""
+    is_sel = j < k_sel
+    jf = j - k_sel
+    forced = tl.where(jf < head, jf, tail + jf - head)
+    picked = tl.load(sel_row + j, mask=mask & is_sel, other=0)
+    return tl.where(is_sel, picked, forced)
+
+
 @triton.jit(do_not_specialize=["stride_bt", "stride_sel", "stride_tab", "head_slots"])
 def _decode_row_tables_kernel(
     bt_ptr,
@@ -44,15 +72,11 @@ def _decode_row_tables_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
-    req = row // HKV
     kv = row % HKV
-    cb = cols_ptr + req * NCOLS
-    head = tl.load(cb + C_HEAD)
-    tail = tl.load(cb + C_TAIL)
-    total = tl.load(cb + C_TOTAL)
-    last = tl.load(cb + C_LAST)
-    k_sel = tl.load(count_ptr + row)
-    n_pages = tl.where(total > 0, k_sel + head + total - tail, 0)
+    req, head, tail, total, last, k_sel, n_pages = decode_row_extent(
+        cols_ptr, count_ptr, row, HKV, NCOLS, C_HEAD, C_TAIL, C_TOTAL, C_LAST
+    )
+    n_pages = tl.where(total > 0, n_pages, 0)
     tl.store(lens_ptr + row, tl.where(total > 0, (n_pages - 1) * PAGE + last, 0))
     sel_row = sel_ptr + row.to(tl.int64) * stride_sel
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
@@ -60,11 +84,7 @@ def _decode_row_tables_kernel(
     for start in range(0, n_pages, BLOCK):
         j = start + tl.arange(0, BLOCK)
         jm = j < n_pages
-        is_sel = j < k_sel
-        jf = j - k_sel
-        forced = tl.where(jf < head, jf, tail + jf - head)
-        picked = tl.load(sel_row + j, mask=jm & is_sel, other=0)
-        logical = tl.where(is_sel, picked, forced)
+        logical = decode_row_logical_pages(j, jm, k_sel, head, tail, sel_row)
         blk = tl.load(bt_row + logical, mask=jm, other=0)
         tl.store(tab_row + j, blk * head_slots + kv, mask=jm)
 
