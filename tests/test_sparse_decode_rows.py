@@ -156,10 +156,13 @@ def _twin_schedule(**kw):
 
 
 @in_process
-def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel():
+@pytest.mark.parametrize("device_counts", [False, True])
+def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel(device_counts):
     """``SparseDecodeRows.plan`` on a real step of decode columns, then ``run_sparse_rows`` (the row-table kernel,
     FlashAttention's twin) over a query whose rows are strided as vLLM's query slices are: the decode kernel's twin,
-    steps after steps through the same persistent buffers, with lengths of growing and shrinking batches."""
+    steps after steps through the same persistent buffers, with lengths of growing and shrinking batches. With
+    ``device_counts`` (Twilight's top-p) rows keep fewer than ``SELECT`` pages, counted on the device only: the plan
+    asks for no scheduler metadata and the lengths are the kernel's."""
     from vllm_sparse.backend.sparse_decode_rows import run_sparse_rows
     from vllm_sparse.decode_step import DecodeColumns
 
@@ -170,8 +173,8 @@ def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel():
     columns = DecodeColumns([policy], page, 8, MAX_LEN, cpu, num_kv_heads=hkv)
     _twin_schedule.calls = []
     rows = SparseDecodeRows([policy], hq, hkv, d, page, torch.float32, max_reqs=8, max_model_len=MAX_LEN,
-                            max_graph_batch=4, max_splits=32, device=cpu, attend=_twin_attend,
-                            schedule=_twin_schedule)  # fmt: skip
+                            max_graph_batch=4, max_splits=32, device=cpu, device_counts=device_counts,
+                            attend=_twin_attend, schedule=_twin_schedule)  # fmt: skip
     gen = torch.Generator().manual_seed(5)
     cache = torch.randn(800, slots, page, 2 * d, generator=gen)
     page_keys = cache.view(800 * slots, page, 2 * d)[:, :, :d]  # the interleaved head-major layout's views
@@ -183,13 +186,19 @@ def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel():
         decode = columns.write(np.array(seqs), block_table)
         cols = decode.host_columns[policy]
         pages, counts = _selection(cols, hkv, max(1, columns.select_caps[policy]), rng)
+        if device_counts:  # top-p: a prefix of each row's selection, at least one page where it selects any
+            counts = torch.tensor([rng.randint(min(1, int(c)), int(c)) for c in counts], dtype=torch.int32)
         qkv = torch.randn(b, hq + 2 * hkv, d, generator=gen)  # the query a slice of a fused projection
         query = qkv[:, :hq]
         out = torch.zeros(b, hq, d)
         plan = rows.plan(decode)[policy]
         assert plan.rows == b * hkv and plan.num_splits == (32 if b <= 4 else 0)
-        assert _twin_schedule.calls[-1]["batch_size"] == b * hkv
-        assert _twin_schedule.calls[-1]["max_seqlen_k"] == max(1, int(row_lengths(cols, page).max()))
+        assert plan.max_len == max(1, int(row_lengths(cols, page).max()))  # exact, or the bound
+        if device_counts:
+            assert plan.scheduler is None and not _twin_schedule.calls
+        else:
+            assert _twin_schedule.calls[-1]["batch_size"] == b * hkv
+            assert _twin_schedule.calls[-1]["max_seqlen_k"] == plan.max_len
         run_sparse_rows(plan, query, page_keys, page_values, decode.block_table, pages, counts,
                         decode.columns[policy], slots, d**-0.5, out)  # fmt: skip
         want = decode_attention_reference(query, page_keys, page_values, block_table, pages, counts,
@@ -197,3 +206,4 @@ def test_the_builders_plan_and_a_layers_call_give_the_decode_kernel():
         live = torch.tensor(seqs) > 0
         assert torch.allclose(out[live], want[live], atol=1e-5), step
         assert (cols[:, SELECT] > 0).any()
+        assert not device_counts or (counts < torch.from_numpy(np.repeat(cols[:, SELECT], hkv))).any()

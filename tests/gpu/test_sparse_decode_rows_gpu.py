@@ -1,7 +1,8 @@
 """Selected decode rows through vLLM's FlashAttention 3 (``backend.sparse_decode_rows``) on the head-major cache: equal
 to the torch twin (``decode_attention_reference``) and to the Triton decode kernel these rows take by default, for
 Quest columns (sink, selected pages, local window; short rows dense; padding rows) with a random selection of exactly
-``SELECT`` pages, the 1.5B's and Llama's head counts, both page sizes and metadata slots; and in a CUDA graph captured
+``SELECT`` pages (or, as Twilight's top-p, a prefix of it counted on the device), the 1.5B's and Llama's head counts,
+both page sizes and metadata slots; and in a CUDA graph captured
 once and replayed with other lengths, tables, selections and keys after the builder's plan for each step, with no host
 sync in the replay."""
 
@@ -35,8 +36,11 @@ def _fa3(page: int) -> None:
 class Case:
     """Static buffers of one decode block (a graph reads them at fixed addresses) and the builder's planners."""
 
-    def __init__(self, hq: int, hkv: int, page: int, batch: int, meta_slots: int = 0, num_blocks: int = 2000):
-        self.hq, self.hkv, self.page, self.batch = hq, hkv, page, batch
+    def __init__(
+        self, hq: int, hkv: int, page: int, batch: int, meta_slots: int = 0, num_blocks: int = 2000,
+        device_counts: bool = False,
+    ):  # fmt: skip
+        self.hq, self.hkv, self.page, self.batch, self.device_counts = hq, hkv, page, batch, device_counts
         self.policy = SparseConfig(method="quest", sink_tokens=16, local_tokens=128, dense_below_tokens=300,
                                    budget={"fraction": 0.125, "min_tokens": 0}).for_layer(3)  # fmt: skip
         self.cache = torch.randn(num_blocks, hkv + meta_slots, page, 2 * D, device=DEV).bfloat16()
@@ -51,7 +55,7 @@ class Case:
         self.out = torch.zeros_like(self.query)
         self.rows = SparseDecodeRows([self.policy], hq, hkv, D, page, torch.bfloat16, max_reqs=16,
                                      max_model_len=MAX_LEN, max_graph_batch=32, max_splits=32,
-                                     device=torch.device(DEV))  # fmt: skip
+                                     device=torch.device(DEV), device_counts=device_counts)  # fmt: skip
 
     def step(self, lens: list[int], seed: int):
         """New inputs in the static buffers and the builder's work for them: ``(DecodeStep, plan)``."""
@@ -66,7 +70,10 @@ class Case:
             c = cols[r // self.hkv]
             pages[r, : c[SELECT]] = rng.choice(np.arange(c[HEAD], c[TAIL]), c[SELECT], replace=False)
         self.pages.copy_(torch.from_numpy(pages))
-        self.counts.copy_(torch.from_numpy(np.repeat(cols[:, SELECT], self.hkv)).int())
+        counts = np.repeat(cols[:, SELECT], self.hkv)
+        if self.device_counts:  # Twilight's top-p: a prefix of the selection, at least one page where there is any
+            counts = np.array([rng.integers(min(1, c), c + 1) for c in counts])
+        self.counts.copy_(torch.from_numpy(counts).int())
         return decode, self.rows.plan(decode)[self.policy]
 
     def run(self, decode, plan) -> None:
@@ -97,22 +104,25 @@ class Case:
         (14, 2, 16, [2048] * 16, 0),  # 7 query heads a KV head, a full batch
     ],
 )
-def test_sparse_rows_equal_the_twin_and_the_triton_kernel(hq, hkv, page, lens, meta_slots):
+@pytest.mark.parametrize("device_counts", [False, True])
+def test_sparse_rows_equal_the_twin_and_the_triton_kernel(hq, hkv, page, lens, meta_slots, device_counts):
     _fa3(page)
-    case = Case(hq, hkv, page, len(lens), meta_slots)
+    case = Case(hq, hkv, page, len(lens), meta_slots, device_counts=device_counts)
     decode, plan = case.step(lens, 0)
-    assert plan.num_splits == 32 and plan.scheduler is not None  # a batch vLLM captures
+    assert plan.num_splits == 32 and (plan.scheduler is None) == device_counts  # a batch vLLM captures
     case.run(decode, plan)
     torch.cuda.synchronize()
     case.check(decode, lens)
 
 
-@pytest.mark.parametrize("hq,hkv,page", [(32, 8, 16), (12, 2, 16), (12, 2, 32)])
-def test_a_captured_graph_replays_for_other_lengths_after_each_plan(hq, hkv, page):
+@pytest.mark.parametrize("hq,hkv,page,device_counts", [(32, 8, 16, False), (12, 2, 16, False), (12, 2, 32, False),
+                                                       (32, 8, 16, True), (12, 2, 16, True)])  # fmt: skip
+def test_a_captured_graph_replays_for_other_lengths_after_each_plan(hq, hkv, page, device_counts):
     """Captured once with a capture run's short lengths, replayed with long, short and padded batches: the builder's
-    plan of each step (outside the graph) is all a replay needs."""
+    plan of each step (outside the graph) is all a replay needs (with ``device_counts``, not even that: FlashAttention
+    splits the rows the kernel wrote on the device)."""
     _fa3(page)
-    case = Case(hq, hkv, page, 4)
+    case = Case(hq, hkv, page, 4, device_counts=device_counts)
     decode, plan = case.step([1, 1, 1, 1], 1)
     case.run(decode, plan)  # warm-up, then capture
     torch.cuda.synchronize()

@@ -188,9 +188,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 vllm_config.scheduler_config.max_num_seqs, graphs,
                 vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph, device,
             )  # fmt: skip
-        # selected decode rows through it too, for selectors that select exactly SELECT pages (lengths known here)
+        # selected decode rows through it too (lengths known here where selectors select exactly SELECT pages)
         self._sparse_rows = None
-        if self._decode is not None and impls and impls[0][1].selector.fixed_counts:
+        if self._decode is not None and impls:
             impl = impls[0][1]
             graphs = vllm_config.compilation_config.max_cudagraph_capture_size or 0
             self._sparse_rows = SparseDecodeRows.create(
@@ -198,6 +198,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
                 impl.num_heads, self._num_kv_heads, impl.head_size, self.page_size, kv_cache_spec.dtype,
                 vllm_config.scheduler_config.max_num_seqs, vllm_config.model_config.max_model_len, graphs,
                 vllm_config.attention_config.flash_attn_max_num_splits_for_cuda_graph, device,
+                device_counts=not impl.selector.fixed_counts,
             )  # fmt: skip
 
     @staticmethod

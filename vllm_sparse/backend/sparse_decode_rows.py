@@ -6,11 +6,13 @@ Each row is one FlashAttention sequence with one KV head and the ``G`` query hea
 ``backend.flash_rows`` runs prefill rows): a one-launch kernel (``kernels.decode_row_tables``) writes the rows' page
 ids into a persistent table, FlashAttention reads the head-major cache in place as ``[num_pages, N, 1, D]``.
 
-CUDA graphs, as ``backend.dense_decode`` and vLLM's FlashAttention backend do them: only selectors whose rows select
-exactly ``SELECT`` pages (``fixed_counts``: Quest, QuoKA, Kascade) take this path, so every row's length is known on
-the host before the step. The builder plans each selecting policy once per step (``SparseDecodeRows.plan``: the rows'
-lengths on the device and FA3's scheduler metadata for them, both in persistent buffers, a fixed split count for the
-batch sizes vLLM captures); the captured layers read them at fixed addresses, so a graph replays for any lengths.
+CUDA graphs, as ``backend.dense_decode`` and vLLM's FlashAttention backend do them: for selectors whose rows select
+exactly ``SELECT`` pages (``fixed_counts``: Quest, QuoKA, Kascade) every row's length is known on the host before the
+step, and the builder plans each selecting policy once per step (``SparseDecodeRows.plan``: the rows' lengths on the
+device and FA3's scheduler metadata for them, both in persistent buffers, a fixed split count for the batch sizes vLLM
+captures); the captured layers read them at fixed addresses, so a graph replays for any lengths. Twilight's top-p
+keeps a count known only on the device: its rows' lengths are what the row-table kernel writes, and FlashAttention
+splits them on the device (no scheduler metadata, the fixed split count).
 ``kernels.decode_attention.decode_attention_reference`` is the twin.
 
 ``VLLM_SPARSE_SPARSE_DECODE=flash`` turns it on; the default, ``triton``, keeps the Triton decode kernel until a served
@@ -87,10 +89,15 @@ class SparseDecodeRows:
     def __init__(
         self, policies: list[LayerPolicy], num_heads_q: int, num_heads_kv: int, head_size: int, page_size: int,
         kv_dtype: torch.dtype, max_reqs: int, max_model_len: int, max_graph_batch: int, max_splits: int,
-        device: torch.device, attend: Callable | None = None, schedule: Callable | None = None,
+        device: torch.device, device_counts: bool = False, attend: Callable | None = None,
+        schedule: Callable | None = None,
     ):  # fmt: skip
-        """attend, schedule: vLLM's ``flash_attn_varlen_func`` and ``get_scheduler_metadata`` (default; a CPU test
+        """device_counts: the selector's counts are known only on the device (Twilight's top-p keeps up to
+        ``SELECT``): the rows' lengths are the ones the row-table kernel writes, FlashAttention schedules its splits
+        from them on the device (no scheduler metadata), and the host knows only their bound.
+        attend, schedule: vLLM's ``flash_attn_varlen_func`` and ``get_scheduler_metadata`` (default; a CPU test
         passes torch twins)."""
+        self.device_counts = device_counts
         if attend is None or schedule is None:
             from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 
@@ -119,23 +126,30 @@ class SparseDecodeRows:
     def create(
         cls, policies: list[LayerPolicy], num_heads_q: int, num_heads_kv: int, head_size: int, page_size: int,
         kv_dtype: torch.dtype, max_reqs: int, max_model_len: int, max_graph_batch: int, max_splits: int,
-        device: torch.device,
+        device: torch.device, device_counts: bool = False,
     ) -> SparseDecodeRows | None:  # fmt: skip
         if not policies or sparse_decode_kernel() != "flash" or flash_attn_version(head_size, page_size) != 3:
             return None
         try:
             return cls(policies, num_heads_q, num_heads_kv, head_size, page_size, kv_dtype, max_reqs, max_model_len,
-                       max_graph_batch, max_splits, device)  # fmt: skip
+                       max_graph_batch, max_splits, device, device_counts)  # fmt: skip
         except ImportError as e:
             logger.info("vllm-sparse: sparse decode rows stay on the Triton kernel (%s)", e)
             return None
 
     def plan(self, decode: DecodeStep) -> dict[LayerPolicy, SparseRowsPlan]:
         """Host work of one step, outside any graph: per selecting policy, its rows' lengths (from the step's host
-        columns, copied once to the device) and FA3's scheduler metadata for them."""
+        columns, copied once to the device) and FA3's scheduler metadata for them; with ``device_counts``, only the
+        bound of the lengths."""
         b, h = decode.num_reqs, self.num_kv_heads
         rows = b * h
         splits = self.max_splits if rows <= self.max_graph_rows else 0
+        if self.device_counts:  # the layers' row-table kernel writes the lengths; FlashAttention schedules on its own
+            plans = {}
+            for p, i in self._index.items():
+                bound = max(1, int(row_lengths(decode.host_columns[p], self.page_size).max(initial=0)))
+                plans[p] = self._plan(rows, i, None, bound, splits)
+            return plans
         t = self._turn = (self._turn + 1) % len(self._staging)
         if self._staged[t] is not None:
             self._staged[t].synchronize()  # the copy that last read this buffer (two steps ago) has run
@@ -164,9 +178,13 @@ class SparseDecodeRows:
                 self._scheduler[i, :n] = meta
                 self._scheduler[i, n:] = 0
                 scheduler = self._scheduler[i, :n]
-            plans[p] = SparseRowsPlan(self._attend, rows, lens, self._cu_q[: rows + 1], self._table[:rows], scheduler,
-                                      max_len, splits)  # fmt: skip
+            plans[p] = self._plan(rows, i, scheduler, max_len, splits)
         return plans
+
+    def _plan(self, rows: int, i: int, scheduler: torch.Tensor | None, max_len: int, splits: int) -> SparseRowsPlan:
+        """The plan of policy ``i`` over the first ``rows`` rows of the persistent buffers."""
+        lens, cu_q, table = self._lens[i, :rows], self._cu_q[: rows + 1], self._table[:rows]
+        return SparseRowsPlan(self._attend, rows, lens, cu_q, table, scheduler, max_len, splits)
 
 
 def run_sparse_rows(
