@@ -180,9 +180,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             )
         # dense decode rows through vLLM's FlashAttention 3 (planned here once per step, shared by the layers)
         self._dense_decode = None
+        impl = impls[0][1] if impls else None
+        graphs = 0 if self._decode is None else vllm_config.compilation_config.max_cudagraph_capture_size or 0
         if self._decode is not None and any(p.decodes_dense for p in self._layer_policies):
-            impl = impls[0][1]
-            graphs = vllm_config.compilation_config.max_cudagraph_capture_size or 0
             self._dense_decode = DenseDecode.create(
                 impl.num_heads, self._num_kv_heads, impl.head_size, self.page_size, kv_cache_spec.dtype,
                 vllm_config.scheduler_config.max_num_seqs, graphs,
@@ -190,9 +190,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder[SparseAttentionMetadata]):
             )  # fmt: skip
         # selected decode rows through it too (lengths known here where selectors select exactly SELECT pages)
         self._sparse_rows = None
-        if self._decode is not None and impls:
-            impl = impls[0][1]
-            graphs = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+        if self._decode is not None and impl is not None:
             self._sparse_rows = SparseDecodeRows.create(
                 [p for p in self._layer_policies if not p.decodes_dense and self._decode.select_caps[p] > 0],
                 impl.num_heads, self._num_kv_heads, impl.head_size, self.page_size, kv_cache_spec.dtype,
