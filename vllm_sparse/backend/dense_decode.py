@@ -77,11 +77,16 @@ class DenseDecode:
 
     def __init__(
         self, num_heads_q: int, num_heads_kv: int, head_size: int, page_size: int, kv_dtype: torch.dtype,
-        max_reqs: int, max_graph_batch: int, max_splits: int, device: torch.device,
+        max_reqs: int, max_graph_batch: int, max_splits: int, device: torch.device, attend: Callable | None = None,
+        schedule: Callable | None = None,
     ):  # fmt: skip
-        from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+        """attend, schedule: vLLM's ``flash_attn_varlen_func`` and ``get_scheduler_metadata`` (default; a CPU test
+        passes torch twins)."""
+        if attend is None or schedule is None:
+            from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 
-        self._attend, self._schedule = flash_attn_varlen_func, get_scheduler_metadata
+            attend, schedule = attend or flash_attn_varlen_func, schedule or get_scheduler_metadata
+        self._attend, self._schedule = attend, schedule
         self.num_heads_q, self.num_heads_kv, self.head_size = num_heads_q, num_heads_kv, head_size
         self.page_size, self.kv_dtype = page_size, kv_dtype
         self.max_graph_batch, self.max_splits = max_graph_batch, max_splits
