@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -31,6 +32,22 @@ def cpu_model() -> str:
         return platform.processor()
 
 
+def cpu_run_record(load_before: tuple, note: str, records: list) -> dict:
+    """A CPU run's JSON: the exact command, date, machine, versions and load average around it, and ``records``."""
+    import torch
+    import vllm
+
+    return {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "note": note,
+        "records": records,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -40,8 +57,6 @@ def main() -> None:
     p.add_argument("--sparse-config", default=None, help="JSON fields added to every sparse backend's config")
     p.add_argument("--name", default=None)
     args = p.parse_args()
-    import os
-
     load_before = os.getloadavg()
     records = []
     for context in args.contexts:
@@ -57,18 +72,8 @@ def main() -> None:
                 print_result(r)
                 records.append(r)
 
-    import torch
-    import vllm
-
-    out = {
-        "command": "python " + " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
-        "versions": {"vllm": vllm.__version__, "torch": torch.__version__},
-        "load_average": {"before": load_before, "after": os.getloadavg()},
-        "note": "TTFT from the streamed chat request (one request, server already warm from /health only).",
-        "records": records,
-    }
+    note = "TTFT from the streamed chat request (one request, server already warm from /health only)."
+    out = cpu_run_record(load_before, note, records)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = args.name or (str(args.contexts[0]) if len(args.contexts) == 1 else "sweep")
     path = RESULTS / f"passkey_cpu_{name}.json"

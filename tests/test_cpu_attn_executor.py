@@ -126,3 +126,39 @@ def test_dense_tail_queries_attend_every_page(executor):
     heads = [i for i in range(qsl[-1]) if i not in tails]
     torch.testing.assert_close(got[tails], dense[tails], **TOL[torch.float32])
     torch.testing.assert_close(got[heads], sparse[heads], **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("group", [1, 4, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("meta_slots", [0, 2])
+@pytest.mark.parametrize("kv_split", ["0", "1"])
+def test_dense_step_is_cpu_attns_call_over_the_block_table(group, dtype, meta_slots, kv_split, monkeypatch):
+    """A step whose requests all run dense makes one call over the real block table, every KV head at once, on
+    the cache's strided views (metadata slots between blocks skipped): equal to the reference over the dense
+    tables, with and without the kernel's KV split; its scheduler metadata is made once per step plan."""
+    monkeypatch.setenv("VLLM_CPU_ATTN_SPLIT_KV", kv_split)
+    hkv, n, d = 2, 32, 64
+    seq_lens = [s for _, s in REQS]
+    qsl = query_start_loc([q for q, _ in REQS])
+    batch = make_paged_batch(seq_lens, hkv, n, d, order="planes", meta_slots=meta_slots, dtype=dtype, seed=group)
+    layout = PageLayout.of(batch.kv_cache, hkv, "planes")
+    plan = plan_step(DENSE, n, qsl, seq_lens)
+    assert not plan.any_sparse
+    tables = build_page_tables(plan, empty_selection(plan, hkv, torch.device("cpu")), batch.block_table, layout)
+    query = randn(qsl[-1], hkv * group, d, g=gen(group + 1), dtype=dtype)
+    scale = 1 / math.sqrt(d)
+    want = torch.full_like(query, float("nan"))
+    reference_executor(query, layout.page_keys(batch.kv_cache), layout.page_values(batch.kv_cache), tables, plan,
+                       scale, want)  # fmt: skip
+    keys, values = layout.keys(batch.kv_cache), layout.values(batch.kv_cache)
+    assert not keys.is_contiguous()  # K channel-major in its page, V after it, metadata slots after the heads
+    got = torch.full_like(query, float("nan"))
+    CpuAttnExecutor.dense(query, keys, values, batch.block_table, plan, scale, got)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), want.float(), **TOL[dtype])
+    step = plan.state.cpu_dense
+    assert step is not None and step.seq_lens.tolist() == seq_lens and step.query_start_loc.tolist() == qsl
+    got2 = torch.full_like(query, float("nan"))
+    CpuAttnExecutor.dense(query, keys, values, batch.block_table, plan, scale, got2)  # the next layer
+    assert plan.state.cpu_dense is step
+    torch.testing.assert_close(got2, got)

@@ -628,3 +628,48 @@ def test_concurrent_builds(tmp_path):
     libs = list(tmp_path.rglob("*.so"))
     assert len(libs) == 1 and libs[0].name == "vllm_sparse_cpu.so"
     assert not [f for f in libs[0].parent.iterdir() if f.name.startswith(".")]
+
+
+@needs_native
+@pytest.mark.parametrize("method", ["quest", "twilight"])  # twilight: min/max beside its INT4 planes
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", ["decode", "chunk", "padded"])
+def test_page_minmax_write_equals_the_torch_writer(method, dtype, kind):
+    """The native page summaries (min/max and their INT8 codes) equal the torch writer's, bit for bit, on a
+    decode step (one slot per page: a fresh page at offset 0, a middle one, a full one), a chunk writing many
+    slots of a page (the last offset counts, in any order), and padding slots; pages not written keep theirs."""
+    hkv, n, d, nb = 2, 16, 64, 12
+    planes = MetaPlanes.for_method(method, hkv, n, d, dtype)
+    cache = randn(nb, hkv + planes.num_slots, n, 2 * d, g=gen(7), dtype=dtype)
+    layout = PageLayout.of(cache, hkv, "planes")
+    slots = {
+        "decode": [3 * n + 0, 5 * n + 7, 9 * n + n - 1],
+        "chunk": [2 * n + 4, 2 * n + 9, 2 * n + 1, 6 * n + 0, 7 * n + 15, 7 * n + 3],
+        "padded": [-1, 4 * n + 5, -1, 10 * n + 0],
+    }[kind]
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    want_cache, got_cache = cache.clone(), cache.clone()
+    with cpu_native.torch_path():
+        write_page_minmax(layout, want_cache, planes.views(want_cache), slot_mapping)
+    meta = planes.views(got_cache)
+    assert cpu_native.page_minmax_write(layout.keys(got_cache), slot_mapping, meta)
+    written = torch.tensor(sorted({s // n for s in slots if s >= 0}))
+    assert not torch.equal(meta.kmin[written], planes.views(cache).kmin[written])  # it wrote
+    # planes, codes, scales written as the torch writer writes them; the rest of the cache untouched
+    torch.testing.assert_close(got_cache, want_cache, rtol=0, atol=0, equal_nan=True)
+    assert meta.kmin8 is not None  # the INT8 codes were compared too
+    # and through the writer's own dispatch (native where it applies)
+    via = cache.clone()
+    write_page_minmax(layout, via, planes.views(via), slot_mapping)
+    torch.testing.assert_close(via, want_cache, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_native
+def test_page_minmax_write_declines_planes_of_another_dtype():
+    hkv, n, d = 2, 16, 64
+    planes = MetaPlanes.for_method("quest", hkv, n, d, torch.float32)
+    cache = randn(4, hkv + planes.num_slots, n, 2 * d, g=gen(8), dtype=torch.float32)
+    layout = PageLayout.of(cache, hkv, "planes")
+    meta = planes.views(cache)
+    keys = layout.keys(cache).to(torch.bfloat16)
+    assert not cpu_native.page_minmax_write(keys, torch.tensor([5]), meta)

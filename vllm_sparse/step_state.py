@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
+    from vllm_sparse.backend.cpu_attn_executor import DenseStep
     from vllm_sparse.backend.flash_rows import RowsStep
     from vllm_sparse.executors.flashinfer import PlannedStep
     from vllm_sparse.executors.triton_paged import PagedStep
@@ -74,6 +75,8 @@ class StepState:
             page-index buffer (``int32 [total pages]``), rewritten by each layer.
         triton_paged: ``executors.triton_paged.PagedStep``: the Triton paged executor's work items
             (per (row, query block)) and split-KV geometry.
+        cpu_dense: ``backend.cpu_attn_executor.DenseStep``: a dense step's requests as vLLM's CPU
+            attention schedules them (query offsets, lengths and its scheduler metadata).
         block_table, layout: what the parts below are made from (set by ``on``).
         anchor: ``AnchorScores``, Kascade's anchor buffer of the step (shared by the states of
             one step's plans; a state of its own otherwise).
@@ -95,6 +98,7 @@ class StepState:
         self.flash_rows: RowsStep | None = None
         self.flashinfer: PlannedStep | None = None
         self.triton_paged: PagedStep | None = None
+        self.cpu_dense: DenseStep | None = None
         self.anchor = AnchorScores()
 
     @property

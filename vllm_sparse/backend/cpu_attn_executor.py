@@ -9,9 +9,17 @@ kernel's causal mask over the compacted pages is exact (see ``vllm_sparse.tables
 
 The kernel runs with the ``vec`` ISA (AVX-512/AVX2), whose page packing is the ``planes`` order of
 ``vllm_sparse.layout`` (K channel-major, then V). It needs a head size that is a multiple of 32.
+
+A step whose requests all run dense (``CpuAttnExecutor.dense``) makes CPU_ATTN's own call instead: the
+step's requests over the real block table, every KV head at once, on the cache's strided
+``[num_blocks, Hkv, N, D]`` views (the kernel reads a block's and a head's stride from the tensors, so
+the metadata slots between blocks are skipped), with CPU_ATTN's KV split. Its scheduler metadata is
+made once per step plan (``StepState.cpu_dense``) and read by every layer of the plan.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from vllm import _custom_ops as ops
@@ -20,6 +28,49 @@ from vllm_sparse.policy import StepPlan
 from vllm_sparse.tables import PageTables
 
 ISA = "vec"
+
+
+def _kv_split() -> bool:
+    """CPU_ATTN's choice of splitting a long KV range over threads (``VLLM_CPU_ATTN_SPLIT_KV``, default on)."""
+    try:
+        from vllm import envs
+
+        return bool(envs.VLLM_CPU_ATTN_SPLIT_KV)
+    except AttributeError:  # a vLLM without the switch
+        return True
+
+
+class DenseStep(NamedTuple):
+    """A dense step's call geometry, made once per step plan (``StepState.cpu_dense``).
+
+    Attributes:
+        made_for: ``(Hq, Hkv, D, dtype)`` the shapes the scheduler metadata was made for.
+        query_start_loc: ``int32 [B + 1]`` the requests' query offsets.
+        seq_lens: ``int32 [B]`` their context + query tokens.
+        scheduler: the kernel's scheduler metadata (its split of the work over threads).
+    """
+
+    made_for: tuple
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    scheduler: torch.Tensor
+
+
+def dense_step(plan: StepPlan, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> DenseStep:
+    """The step plan's ``DenseStep`` (its requests as CPU_ATTN schedules them), kept in ``plan.state``."""
+    made_for = (num_heads, num_kv_heads, head_dim, dtype)
+    state = plan.state
+    if state.cpu_dense is None or state.cpu_dense.made_for != made_for:
+        reqs = plan.requests
+        qsl = torch.tensor([reqs[0].query_start] + [r.query_start + r.query_len for r in reqs], dtype=torch.int32)
+        seq = torch.tensor([r.seq_len for r in reqs], dtype=torch.int32)
+        sched = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(reqs), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, seq_lens=seq,
+            dtype=dtype, query_start_loc=qsl, causal=True, sliding_window_size=-1, isa=ISA,
+            enable_kv_split=_kv_split(),
+        )  # fmt: skip
+        state.cpu_dense = DenseStep(made_for, qsl, seq, sched)
+    return state.cpu_dense
 
 
 class CpuAttnExecutor:
@@ -33,6 +84,34 @@ class CpuAttnExecutor:
         self._rows: tuple | None = None
         self._kv_lens: torch.Tensor | None = None
         self._sched = None
+
+    @staticmethod
+    def dense(
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        block_table: torch.Tensor,
+        plan: StepPlan,
+        scale: float,
+        output: torch.Tensor,
+    ) -> None:
+        """A step whose requests all run dense, as CPU_ATTN runs it (no page rows, no tables).
+
+        Args:
+            query, output: ``[T, Hq, D]`` the step's tokens, request-major as ``plan.requests``.
+            keys, values: ``[num_blocks, Hkv, N, D]`` strided views of the cache (``PageLayout.keys``).
+            block_table: ``int [B, max_blocks]`` the requests' physical blocks.
+            plan: the step's plan (every request dense); its state keeps the scheduler metadata.
+        """
+        t, hq, d = query.shape
+        step = dense_step(plan, hq, keys.shape[1], d, query.dtype)
+        ops.cpu_attention_with_kv_cache(
+            query=query, key_cache=keys, value_cache=values, output=output, query_start_loc=step.query_start_loc,
+            seq_lens=step.seq_lens, scale=scale, causal=True, alibi_slopes=None, sliding_window=-1,
+            block_table=block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32),
+            softcap=0.0, scheduler_metadata=step.scheduler, s_aux=None, dynamic_causal=None, k_scale=1.0,
+            v_scale=1.0, kv_cache_dtype="auto",
+        )  # fmt: skip
 
     def _row_layout(self, plan: StepPlan, tables: PageTables, hkv: int, device) -> tuple:
         """Token/head gather indices and query offsets of the rows, once per plan.

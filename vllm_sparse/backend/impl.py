@@ -348,8 +348,11 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         observe = getattr(self.selector, "observe", None)
         if observe is not None:  # every step, dense or sparse (Kascade: anchor layers score)
             observe(query, page_keys, block_table, layout, plan)
+        tables = None
         if not plan.any_sparse and self.dense_prefill is not None and attn_metadata.dense_rows is not None:
             self.dense_prefill(query, views.keys, views.values, attn_metadata.dense_rows, self.scale, out)
+        elif not plan.any_sparse and hasattr(self.execute, "dense"):  # CPU_ATTN's own call, no page rows
+            self.execute.dense(query, views.keys, views.values, block_table, plan, self.scale, out)
         else:
             if plan.any_sparse:  # 2 select
                 selection = self.selector(query, page_keys, block_table, layout, plan, views.meta)
@@ -365,7 +368,7 @@ class SparseAttentionImpl(AttentionImpl[SparseAttentionMetadata]):
         # with a GPU; on CPU, when the counters are written, exact counts from the tables' rows (a
         # threshold or top-p attends fewer pages than planned).
         attended, prefill_attended = counts.attended, counts.prefill_attended
-        if not query.is_cuda and stats.enabled():
+        if not query.is_cuda and stats.enabled() and tables is not None:
             attended = tables.attended_pages
             prefill_attended = tables.attended_pages_of([r.query_len > 1 for r in plan.requests])
         stats.record(counts.sparse_rows, attended, counts.dense, prefill_attended, counts.prefill_dense)

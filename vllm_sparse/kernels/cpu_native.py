@@ -16,7 +16,7 @@ torch path (no build, no warning).
 Ops (``torch.ops.vllm_sparse_cpu``), each with a torch twin that ``tests/test_cpu_native.py``
 compares against: :func:`quoka_score`, :func:`masked_topk`, :func:`quoka_score_topk`
 (``csrc/quoka_cpu.cpp``), :func:`quest_bounds`, :func:`quest_bounds_rows` (``csrc/quest_cpu.cpp``),
-:func:`anchor_page_mass` (``csrc/kascade_cpu.cpp``).
+:func:`anchor_page_mass` (``csrc/kascade_cpu.cpp``), :func:`page_minmax_write` (``csrc/page_meta_cpu.cpp``).
 """
 
 from __future__ import annotations
@@ -268,6 +268,25 @@ def quest_bounds_rows(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, b
     """
     kmin, kmax = _quest_planes(kmin, kmax)
     return load().quest_bounds(q.float().contiguous()[:, None], kmin, kmax, blocks.long().contiguous())
+
+
+def page_minmax_write(keys: torch.Tensor, slot_mapping: torch.Tensor, meta) -> bool:
+    """Quest's page summaries of every page written this step, in one call; False (nothing written) where the
+    native op does not apply (planes not in the cache dtype), so that the caller takes the torch path.
+
+    Twin: ``metadata.page_minmax.write_page_minmax``'s torch path (the same min/max and INT8 codes).
+
+    Args:
+        keys: ``[num_blocks, Hkv, N, D]`` the cache's keys (``PageLayout.keys``), this step's written.
+        slot_mapping: ``int [T]`` slots ``block * N + offset`` written this step; negative: padding.
+        meta: ``layout.PageMeta``: ``kmin``/``kmax`` ``[num_blocks, Hkv, D]`` written in place, and
+            ``kmin8``/``kmax8``/``mscale`` where kept.
+    """
+    if meta.kmin.dtype != keys.dtype or meta.kmax.dtype != keys.dtype:
+        return False
+    load().page_minmax_write(keys, slot_mapping.long().contiguous(), meta.kmin, meta.kmax, meta.kmin8, meta.kmax8,
+                             meta.mscale)  # fmt: skip
+    return True
 
 
 def anchor_page_mass(

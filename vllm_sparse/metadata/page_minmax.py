@@ -8,7 +8,9 @@ the last token) gives the summary of exactly the tokens the page now holds, and 
 (cached, full) keep theirs.
 
 On CUDA the write is the sync-free Triton kernel ``kernels.page_meta_write.write_page_minmax_triton``
-(this module's ``torch.unique`` would sync with the host); this torch code is its twin.
+(this module's ``torch.unique`` would sync with the host), on CPUs the native op
+``kernels.cpu_native.page_minmax_write`` (one call in place of some twenty small torch ops a layer);
+this torch code is the twin of both.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def write_page_minmax(layout: PageLayout, kv_cache: torch.Tensor, meta: PageMeta
         from vllm_sparse.kernels.page_meta_write import write_page_minmax_triton
 
         return write_page_minmax_triton(layout, kv_cache, meta, slot_mapping)
+    from vllm_sparse.kernels import cpu_native
+
+    if cpu_native.usable(kv_cache) and cpu_native.page_minmax_write(layout.keys(kv_cache), slot_mapping, meta):
+        return  # one native call (csrc/page_meta_cpu.cpp), this code's twin
     slots = slot_mapping.long()
     slots = slots[slots >= 0]
     if slots.numel() == 0:
